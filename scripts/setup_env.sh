@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs the project with its test extras. Sourced by main.sh / test.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+stamp=.venv/.installed-$(cat setup.py | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  python -m pip install -q --upgrade pip
+  # The CPU build of torch first, so nothing pulls a CUDA build in.
+  python -m pip install -q "torch==2.13.0"
+  python -m pip install -q -e ".[test]"
+  touch "$stamp"
+fi
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
