@@ -7,10 +7,15 @@ moves data between hosts by hand.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from typing import Any
 
 import jax
 from absl import logging
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 
 def initialize_distributed() -> None:
@@ -28,14 +33,142 @@ def initialize_distributed() -> None:
   tpu_pod = bool(os.environ.get("TPU_WORKER_HOSTNAMES", "").count(","))
   if explicit:
     jax.distributed.initialize(
-        coordinator_address=explicit,
-        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-        process_id=int(os.environ["JAX_PROCESS_ID"]),
+      coordinator_address=explicit,
+      num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+      process_id=int(os.environ["JAX_PROCESS_ID"]),
     )
   elif slurm or mpi or tpu_pod:
     jax.distributed.initialize()
   initialize_distributed._done = True
   logging.info(
-      "JAX process %d of %d, %d local / %d global devices",
-      jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
+    "JAX process %d of %d, %d local / %d global devices",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
   )
+
+
+# ---- meshes ------------------------------------------------------------------------------------
+
+MESH_AXES = ("data", "fsdp", "tp")
+BATCH_AXES = ("data", "fsdp")  # rows of a batch are split over both data-parallel axes
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh shape over (data, fsdp, tp); one size may be -1 to take the remaining devices."""
+
+  data: int = -1
+  fsdp: int = 1
+  tp: int = 1
+
+  def shape(self, num_devices: int) -> tuple[int, int, int]:
+    sizes = [self.data, self.fsdp, self.tp]
+    if sizes.count(-1) > 1:
+      raise ValueError(f"at most one mesh axis may be -1, got {self}")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+      if num_devices % known:
+        raise ValueError(f"{num_devices} devices cannot be split as {self}")
+      sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+      raise ValueError(f"mesh {tuple(sizes)} needs {math.prod(sizes)} devices, have {num_devices}")
+    return tuple(sizes)
+
+
+def make_mesh(config: MeshConfig | None = None, devices: list[jax.Device] | None = None) -> Mesh:
+  """A global mesh over all devices of all hosts (or the given ones), axes (data, fsdp, tp)."""
+  config = config or MeshConfig()
+  devices = list(devices) if devices is not None else jax.devices()
+  shape = config.shape(len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+# ---- partition specs ---------------------------------------------------------------------------
+
+# Mesh axis for each named model axis: weights are split over fsdp along D and over tp along the
+# head / MLP / vocab axes (Megatron-style), never along L or H.
+_WEIGHT_AXIS_RULES = {"D": "fsdp", "F": "tp", "N": "tp", "K": "tp", "V": "tp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingConfig:
+  """PartitionSpecs for every parameter and the main activations, derived from named axes.
+
+  Attributes:
+    weight_axis_rules: named model axis -> mesh axis (absent = replicated).
+    act_btd: the residual stream [B, T, D].
+    act_btv: logits [B, T, V].
+    cache_lbskh: the KV cache [L, B, S, K, H].
+    tokens_bt: token ids and masks [B, T].
+  """
+
+  weight_axis_rules: tuple[tuple[str, str], ...] = tuple(_WEIGHT_AXIS_RULES.items())
+  act_btd: P = P(BATCH_AXES, None, None)
+  act_btv: P = P(BATCH_AXES, None, "tp")
+  cache_lbskh: P = P(None, BATCH_AXES, None, "tp", None)
+  tokens_bt: P = P(BATCH_AXES, None)
+
+  def weight_spec(self, axes: tuple[str, ...]) -> P:
+    """The PartitionSpec of a weight whose dimensions are the named axes (e.g. ("L","D","N","H"))."""
+    rules = dict(self.weight_axis_rules)
+    return P(*(rules.get(a) for a in axes))
+
+
+def fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """Drops mesh axes that do not divide their dimension, replicating it instead.
+
+  Tiny test models (2 kv heads on a tp=4 mesh) and odd vocabularies stay loadable; real
+  checkpoints on sensible meshes keep their full spec.
+  """
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    size = math.prod(mesh.shape[n] for n in names)
+    fitted.append(axes if names and dim % size == 0 else None)
+  return P(*fitted)
+
+
+def named(mesh: Mesh, spec: P, shape: tuple[int, ...]) -> NamedSharding:
+  return NamedSharding(mesh, fit_spec(spec, shape, mesh))
+
+
+def param_shardings(model, mesh: Mesh, config: ShardingConfig | None = None) -> dict[str, Any]:
+  """NamedSharding for every parameter of a `lm.model.Qwen`, keyed like `nnx.state(model)`."""
+  from lm import model as model_lib
+
+  config = config or ShardingConfig()
+  axes = model_lib.param_axes(model.config, tuple(n for n, _ in _iter_params(model)))
+  return {
+    path: named(mesh, config.weight_spec(axes[path]), tuple(var.shape)) for path, var in _iter_params(model)
+  }
+
+
+def shard_model(model, mesh: Mesh, config: ShardingConfig | None = None):
+  """Moves every parameter of `model` onto its sharding in place and returns the model.
+
+  Also records the activation sharding so the forward pass pins the residual stream's layout.
+  """
+  from lm import model as model_lib
+
+  config = config or ShardingConfig()
+  shardings = param_shardings(model, mesh, config)
+  for path, var in _iter_params(model):
+    var[...] = jax.device_put(var[...], shardings[path])
+  model.activation_sharding = model_lib.ActivationSharding(NamedSharding(mesh, config.act_btd))
+  return model
+
+
+def batch_sharding(mesh: Mesh, shape: tuple[int, ...], config: ShardingConfig | None = None):
+  """Sharding of a [B, ...] batch array: rows over (data, fsdp), the rest replicated."""
+  config = config or ShardingConfig()
+  return named(mesh, P(*config.tokens_bt[:1]), shape)
+
+
+def _iter_params(model):
+  from flax import nnx
+
+  for path, var in nnx.iter_graph(model):
+    if isinstance(var, nnx.Param):
+      yield ".".join(str(p) for p in path), var

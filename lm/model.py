@@ -1,0 +1,357 @@
+"""Flax NNX decoder for the Qwen2 / Qwen2.5 / Qwen3 family, exact against `transformers`.
+
+Layers are stored stacked (every layer weight has a leading [L] axis) and run with `lax.scan`, so
+compile time does not grow with depth and one `PartitionSpec` per weight name shards every layer.
+Weight names carry their axes (D model, F MLP, N query heads, K kv heads, H head dim, V vocab).
+
+Dtype policy: weights are stored in `param_dtype` and matmuls run in `dtype` (both float32 or
+bfloat16); RMSNorm statistics, RoPE angles, attention softmax and the output logits are always
+float32, as the reference implementation does for the parts where precision matters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lm.config import ModelConfig
+
+Array = jax.Array
+Cache = dict[str, Array]  # {"k": [L, B, S, K, H], "v": [L, B, S, K, H]}
+
+_NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerWeightSpec:
+  """Shape of one stacked layer weight, in named axes; the single source for init and loading."""
+
+  axes: tuple[str, ...]
+  init: str  # "normal" or "ones" or "zeros"
+
+
+def layer_weight_specs(config: ModelConfig) -> dict[str, LayerWeightSpec]:
+  """Per-layer weights (without the leading L axis) that this architecture has."""
+  specs = {
+    "input_norm_d": LayerWeightSpec(("D",), "ones"),
+    "q_dnh": LayerWeightSpec(("D", "N", "H"), "normal"),
+    "k_dkh": LayerWeightSpec(("D", "K", "H"), "normal"),
+    "v_dkh": LayerWeightSpec(("D", "K", "H"), "normal"),
+    "o_nhd": LayerWeightSpec(("N", "H", "D"), "normal"),
+    "post_norm_d": LayerWeightSpec(("D",), "ones"),
+    "gate_df": LayerWeightSpec(("D", "F"), "normal"),
+    "up_df": LayerWeightSpec(("D", "F"), "normal"),
+    "down_fd": LayerWeightSpec(("F", "D"), "normal"),
+  }
+  if config.qkv_bias:
+    specs["q_bias_nh"] = LayerWeightSpec(("N", "H"), "zeros")
+    specs["k_bias_kh"] = LayerWeightSpec(("K", "H"), "zeros")
+    specs["v_bias_kh"] = LayerWeightSpec(("K", "H"), "zeros")
+  if config.qk_norm:
+    specs["q_norm_h"] = LayerWeightSpec(("H",), "ones")
+    specs["k_norm_h"] = LayerWeightSpec(("H",), "ones")
+  return specs
+
+
+def axis_sizes(config: ModelConfig) -> dict[str, int]:
+  return {
+    "L": config.num_layers,
+    "D": config.hidden_size,
+    "F": config.intermediate_size,
+    "N": config.num_heads,
+    "K": config.num_kv_heads,
+    "H": config.head_dim,
+    "V": config.vocab_size,
+  }
+
+
+def _init_array(kind: str, key: Array, shape: tuple[int, ...], dtype: Any) -> Array:
+  if kind == "ones":
+    return jnp.ones(shape, dtype)
+  if kind == "zeros":
+    return jnp.zeros(shape, dtype)
+  return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+class Layers(nnx.Module):
+  """All decoder layers' weights, each stacked along a leading [L] axis."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+    sizes = axis_sizes(config)
+    for name, spec in layer_weight_specs(config).items():
+      shape = (config.num_layers, *(sizes[a] for a in spec.axes))
+      setattr(self, name, nnx.Param(_init_array(spec.init, rngs.params(), shape, param_dtype)))
+
+  def weights(self) -> dict[str, Array]:
+    return {name: var[...] for name, var in vars(self).items() if isinstance(var, nnx.Param)}
+
+
+class Qwen(nnx.Module):
+  """Qwen2/Qwen3 causal LM.
+
+  `model(tokens)` returns float32 logits [B, T, V]. For left-padded batches pass
+  `attention_mask` [B, T] (1 = real token); positions then default to the count of real tokens
+  before each one, so every row equals the same row run alone. For incremental decoding pass a
+  `cache` from `init_cache` with `cache_index` (the slot where these tokens go) and a
+  `attention_mask` covering all cache slots [B, S]; the call then returns `(logits, cache)`.
+  """
+
+  def __init__(
+    self,
+    config: ModelConfig,
+    *,
+    rngs: nnx.Rngs,
+    param_dtype: Any = jnp.float32,
+    dtype: Any | None = None,
+  ):
+    self.config = config
+    self.dtype = jnp.dtype(dtype or param_dtype)
+    v, d = config.vocab_size, config.hidden_size
+    self.embed_vd = nnx.Param(_init_array("normal", rngs.params(), (v, d), param_dtype))
+    self.layers = Layers(config, rngs=rngs, param_dtype=param_dtype)
+    self.final_norm_d = nnx.Param(jnp.ones((d,), param_dtype))
+    if not config.tie_word_embeddings:
+      self.lm_head_dv = nnx.Param(_init_array("normal", rngs.params(), (d, v), param_dtype))
+    self.activation_sharding: ActivationSharding | None = None
+
+  def __call__(
+    self,
+    tokens: Array,
+    *,
+    positions: Array | None = None,
+    attention_mask: Array | None = None,
+    cache: Cache | None = None,
+    cache_index: Array | int = 0,
+    remat: bool = False,
+  ) -> Array | tuple[Array, Cache]:
+    hidden, new_cache = self.hidden_states(
+      tokens,
+      positions=positions,
+      attention_mask=attention_mask,
+      cache=cache,
+      cache_index=cache_index,
+      remat=remat,
+    )
+    logits = self.logits(hidden)
+    return logits if cache is None else (logits, new_cache)
+
+  def hidden_states(
+    self,
+    tokens: Array,
+    *,
+    positions: Array | None = None,
+    attention_mask: Array | None = None,
+    cache: Cache | None = None,
+    cache_index: Array | int = 0,
+    remat: bool = False,
+  ) -> tuple[Array, Cache | None]:
+    """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read."""
+    batch, length = tokens.shape
+    if cache is None:
+      key_mask = (
+        jnp.ones((batch, length), jnp.bool_) if attention_mask is None else attention_mask.astype(jnp.bool_)
+      )  # [B, T]
+      if positions is None:
+        positions = default_positions(key_mask)
+    else:
+      if attention_mask is None:
+        raise ValueError("decoding with a cache needs attention_mask over all cache slots [B, S]")
+      key_mask = attention_mask.astype(jnp.bool_)  # [B, S]
+      if positions is None:
+        positions = (
+          default_positions(key_mask)[:, cache_index:][:, :length]
+          if isinstance(cache_index, int)
+          else jax.lax.dynamic_slice_in_dim(default_positions(key_mask), cache_index, length, axis=1)
+        )
+    x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(self.dtype)  # [B, T, D]
+    x = self._constrain(x)
+    hidden, new_cache = decoder_stack(
+      self.config,
+      self.layers.weights(),
+      x,
+      positions,
+      key_mask,
+      cache,
+      cache_index,
+      dtype=self.dtype,
+      remat=remat,
+      constrain=self._constrain,
+    )
+    return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
+
+  def logits(self, hidden: Array) -> Array:
+    """float32 logits [..., V] of final-norm hidden states [..., D]."""
+    return jnp.einsum(
+      "...d,dv->...v",
+      hidden,
+      self.output_weight_dv().astype(hidden.dtype),
+      preferred_element_type=jnp.float32,
+    )
+
+  def output_weight_dv(self) -> Array:
+    """The output projection [D, V]: the embedding transposed when tied, else `lm_head`."""
+    if self.config.tie_word_embeddings:
+      return self.embed_vd[...].T
+    return self.lm_head_dv[...]
+
+  def init_cache(self, batch: int, max_len: int, dtype: Any | None = None) -> Cache:
+    return init_cache(self.config, batch, max_len, dtype or self.dtype)
+
+  def _constrain(self, x: Array) -> Array:
+    if self.activation_sharding is None:
+      return x
+    return jax.lax.with_sharding_constraint(x, self.activation_sharding.for_rank(x.ndim))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationSharding:
+  """Where the residual stream [B, T, D] lives on the mesh (set by `lm.sharding.shard_model`)."""
+
+  btd: jax.sharding.NamedSharding
+
+  def for_rank(self, ndim: int) -> jax.sharding.NamedSharding:
+    del ndim
+    return self.btd
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
+  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def default_positions(mask: Array) -> Array:
+  """RoPE positions of a left-padded batch: the number of real tokens before each slot."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rms_norm(x: Array, weight: Array, eps: float) -> Array:
+  """RMSNorm as Qwen computes it: statistics in float32, cast back, then a plain weight multiply."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+  """Rotate-half rotary embedding of x [B, T, heads, H] at positions [B, T]."""
+  head_dim = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [H/2]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+  cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+  first, second = jnp.split(x, 2, axis=-1)
+  rotated = jnp.concatenate([-second, first], axis=-1)
+  return x * cos + rotated * sin
+
+
+def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+  """Grouped-query attention.
+
+  Args:
+    q: [B, T, N, H] queries.
+    k, v: [B, S, K, H] keys and values (N is a multiple of K).
+    mask: [B, T, S] True where query t may attend key s.
+
+  Returns:
+    [B, T, N, H] in q's dtype; scores and softmax in float32.
+  """
+  b, t, n, h = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = scores * (h**-0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+  return out.reshape(b, t, n, h)
+
+
+def decoder_layer(
+  config: ModelConfig,
+  w: dict[str, Array],
+  x: Array,
+  positions: Array,
+  mask: Array,
+  kv: tuple[Array, Array] | None,
+  cache_index: Array | int,
+  dtype: Any,
+) -> tuple[Array, tuple[Array, Array] | None]:
+  """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis).
+
+  With `kv` (this layer's cache [B, S, K, H] twice), the new keys/values are written at
+  `cache_index` and attention reads the whole cache; otherwise attention is over x itself.
+  """
+  eps = config.rms_norm_eps
+  cast = lambda name: w[name].astype(dtype)
+  h = rms_norm(x, w["input_norm_d"], eps)
+  q = jnp.einsum("btd,dnh->btnh", h, cast("q_dnh"))
+  k = jnp.einsum("btd,dkh->btkh", h, cast("k_dkh"))
+  v = jnp.einsum("btd,dkh->btkh", h, cast("v_dkh"))
+  if config.qkv_bias:
+    q, k, v = q + cast("q_bias_nh"), k + cast("k_bias_kh"), v + cast("v_bias_kh")
+  if config.qk_norm:
+    q = rms_norm(q, w["q_norm_h"], eps)
+    k = rms_norm(k, w["k_norm_h"], eps)
+  q = rope(q, positions, config.rope_theta)
+  k = rope(k, positions, config.rope_theta)
+  if kv is not None:
+    k_cache = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), cache_index, axis=1)
+    v_cache = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
+    kv = (k_cache, v_cache)
+    k, v = k_cache.astype(dtype), v_cache.astype(dtype)
+  attn = attention(q, k, v, mask)  # [B, T, N, H]
+  x = x + jnp.einsum("btnh,nhd->btd", attn, cast("o_nhd"))
+  h = rms_norm(x, w["post_norm_d"], eps)
+  gate = jnp.einsum("btd,df->btf", h, cast("gate_df"))
+  up = jnp.einsum("btd,df->btf", h, cast("up_df"))
+  x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, cast("down_fd"))
+  return x, kv
+
+
+def decoder_stack(
+  config: ModelConfig,
+  weights: dict[str, Array],
+  x: Array,
+  positions: Array,
+  key_mask: Array,
+  cache: Cache | None,
+  cache_index: Array | int,
+  *,
+  dtype: Any,
+  remat: bool = False,
+  constrain=lambda x: x,
+) -> tuple[Array, Cache | None]:
+  """Runs all layers with `lax.scan` over the stacked weights (and the cache's L axis)."""
+  length = x.shape[1]
+  slots = key_mask.shape[1]
+  query_slot = jnp.arange(length) + cache_index  # [T]
+  causal = query_slot[:, None] >= jnp.arange(slots)[None, :]  # [T, S]
+  mask = causal[None] & key_mask[:, None, :]  # [B, T, S]
+
+  def body(carry, layer):
+    w, kv = layer
+    out, kv = decoder_layer(config, w, carry, positions, mask, kv, cache_index, dtype)
+    return constrain(out), kv
+
+  if remat:
+    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+  layer_kv = None if cache is None else (cache["k"], cache["v"])
+  x, new_kv = jax.lax.scan(body, x, (weights, layer_kv))
+  new_cache = None if cache is None else {"k": new_kv[0], "v": new_kv[1]}
+  return x, new_cache
+
+
+def param_axes(config: ModelConfig, paths: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
+  """Named axes of every parameter, keyed by its dotted path in the module ("layers.q_dnh")."""
+  axes = {"embed_vd": ("V", "D"), "final_norm_d": ("D",), "lm_head_dv": ("D", "V")}
+  for name, spec in layer_weight_specs(config).items():
+    axes[f"layers.{name}"] = ("L", *spec.axes)
+  if paths is None:
+    return axes
+  unknown = [p for p in paths if p not in axes]
+  if unknown:
+    raise KeyError(f"parameters with no known axes: {unknown}")
+  return {p: axes[p] for p in paths}
