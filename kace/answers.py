@@ -163,8 +163,12 @@ def _worker_ops():
     return check(pa, pb) or check(pb, pa)
 
   def verifiable(answer):
-    values = [v for v in parsed(answer) if isinstance(v, (sympy.Basic, sympy.MatrixBase))]
-    return bool(values) and not values[0].free_symbols and check(values[0], values[0])
+    result = parsed(answer)
+    if len(result) != 2 or not isinstance(result[0], (sympy.Basic, sympy.MatrixBase)):
+      return False
+    value, matched = result
+    whole = normalize_answer(matched) == normalize_answer(answer)
+    return whole and not value.free_symbols and check(value, value)
 
   return {"grade": grade, "equivalent": equivalent, "verifiable": verifiable}
 
