@@ -13,6 +13,7 @@ benchmark is silent.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -289,6 +290,7 @@ def parse_amount(text: str) -> ParsedAmount:
 _THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
 
 
+@functools.cache
 def _line_pattern(line_id: str) -> re.Pattern[str]:
   # `Line 16:` at the start of a line, allowing markdown (`**Line 16:**`, `- Line 16:`), and never
   # matching `Line 1` inside `Line 1a` or `Line 16` inside `Line 16b`.
