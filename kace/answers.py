@@ -11,6 +11,7 @@ the solver. See docs/kace.md ("Grading") for the rules.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -233,8 +234,9 @@ class _Worker:
   def kill(self) -> None:
     self.process.kill()
     self.process.wait()
-    self.process.stdin.close()
-    self.process.stdout.close()
+    for pipe in (self.process.stdin, self.process.stdout):
+      with contextlib.suppress(OSError):  # a dead reader makes flushing stdin raise
+        pipe.close()
 
 
 class _Pool:
@@ -255,6 +257,8 @@ class _Pool:
     """Results in task order: `("ok", bool)`, `("error", message)` or `("timeout", None)`."""
     if not self._workers:
       self._workers = self._spawn(self._size)
+    for worker in [w for w in self._workers if w.process.poll() is not None]:
+      self._replace(worker)  # died between calls (killed from outside): no task is charged
     results: list[tuple[str, Any] | None] = [None] * len(tasks)
     queue = collections.deque(enumerate(tasks))
     idle = list(self._workers)

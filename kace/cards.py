@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -330,6 +331,8 @@ class EpistemicTree:
   # ---- persistence -----------------------------------------------------------------------------
 
   def to_json(self) -> dict[str, Any]:
+    """The tree as plain JSON values (lists, not tuples): what `save` writes, `from_json` reads."""
+    as_lists = lambda cs: json.loads(json.dumps([dataclasses.asdict(c) for c in cs], ensure_ascii=False))
     return {
       "format": FORMAT,
       "version": VERSION,
@@ -337,8 +340,8 @@ class EpistemicTree:
       "domains": list(self.domains),
       "budget_tokens": self.budget_tokens,
       "next_id": self.next_id,
-      "cards": [dataclasses.asdict(c) for c in self.cards],
-      "retired": [dataclasses.asdict(c) for c in self.retired],
+      "cards": as_lists(self.cards),
+      "retired": as_lists(self.retired),
     }
 
   @classmethod
