@@ -121,7 +121,8 @@ def normalize_answer(answer: str) -> str:
   r"""A canonical string for cheap equality: `\dfrac`→`\frac`, no spacing commands, `\left`/`\right`,
   degree marks, `\text{}` wrappers or outer `$`, and `1,234` → `1234`.
 
-  Used only to short-cut `equivalent` to True, so every rewrite must preserve mathematical value.
+  Used only to short-cut grading and `equivalent` to True, so every rewrite must preserve the
+  answer's value (degree marks go because graders, math-verify included, read 30° and 30 alike).
   """
   s = answer.strip().strip("$").strip().rstrip(".").replace("{,}", ",")
   if _GROUPED_INT_RE.fullmatch(s):  # before spaces go: "1, 234" is a pair, not 1234
