@@ -11,13 +11,16 @@ the solver. See docs/kace.md ("Grading") for the rules.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -175,11 +178,26 @@ def _worker_ops():
   return {"grade": grade, "equivalent": equivalent, "verifiable": verifiable}
 
 
+def _die_with_parent() -> None:
+  """Asks Linux to SIGKILL this worker when its parent dies, so a killed run never leaves a worker
+  spinning in sympy (a watchdog thread would not do: big-integer arithmetic holds the GIL).
+  Elsewhere, workers exit when their stdin closes, once their current call ends."""
+  try:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    return
+  if os.getppid() == 1:  # the parent died before the request took effect
+    os._exit(0)
+
+
 def serve() -> None:
   """Worker main loop over stdin/stdout: `[op, args]` lines in, `[status, result]` lines out.
 
   status is "ok" (result: bool) or "error" (result: message). Run by `_Worker`, never directly.
   """
+  _die_with_parent()
   ops = _worker_ops()
   print(json.dumps("ready"), flush=True)
   for line in sys.stdin:
@@ -191,6 +209,12 @@ def serve() -> None:
     print(json.dumps(reply), flush=True)
 
 
+# Workers are started from this one long-lived thread: Linux delivers the parent-death signal when
+# the *thread* that started a child exits, so starting them from a caller's short-lived thread
+# would kill them with it.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kace-grader-spawn")
+
+
 class _Worker:
   """One math-verify subprocess talking JSON lines over pipes.
 
@@ -200,13 +224,11 @@ class _Worker:
 
   def __init__(self):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    self.process = subprocess.Popen(
-      [sys.executable, "-c", "from kace.answers import serve; serve()"],
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      env=env,
-      text=True,
+    command = [sys.executable, "-c", "from kace.answers import serve; serve()"]
+    popen = functools.partial(
+      subprocess.Popen, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
     )
+    self.process = _SPAWNER.submit(popen, command).result()
 
   def fileno(self) -> int:
     return self.process.stdout.fileno()

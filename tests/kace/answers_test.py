@@ -126,12 +126,15 @@ def test_dead_workers_grade_as_errors_and_are_replaced(grader):
   assert grader.grade("3", "3.0").correct and grader.grade("4", "4.0").correct  # both replaced
 
 
-def test_grading_works_off_the_main_thread(grader):
-  out = []
-  thread = threading.Thread(target=lambda: out.append(grader.grade(r"\frac{1}{3}", "1/3")))
-  thread.start()
-  thread.join()
-  assert out == [answers.Verdict(True, "verified")]
+def test_grading_works_off_the_main_thread_and_outlives_the_starting_thread():
+  with answers.Grader(workers=1) as fresh:
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fresh.grade(r"\frac{1}{3}", "1/3")))
+    thread.start()  # the workers start on this thread, which then exits
+    thread.join()
+    assert out == [answers.Verdict(True, "verified")]
+    (worker,) = fresh._pool._workers
+    assert fresh.grade("0.25", "1/4").correct and fresh._pool._workers == [worker]
 
 
 latex_pieces = list("0123456789{}[]()\\^_$,.-+/=x ") + ["\\frac", "\\boxed{", "\\sqrt", "\\left", "</think>"]
