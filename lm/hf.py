@@ -80,7 +80,7 @@ _PREFIX = "model.layers.{i}."
 _WEIGHT_MAP: tuple[_Mapping, ...] = (
   _Mapping("model.embed_tokens.weight", "embed_vd", _same, _same),
   _Mapping("model.norm.weight", "final_norm_d", _same, _same),
-  _Mapping("lm_head.weight", "lm_head_dv", _linear_in_out, _linear_in_out),
+  _Mapping("lm_head.weight", "lm_head_vd", _same, _same),
   _Mapping(_PREFIX + "input_layernorm.weight", "layers.input_norm_d", _same, _same),
   _Mapping(_PREFIX + "post_attention_layernorm.weight", "layers.post_norm_d", _same, _same),
   _Mapping(_PREFIX + "self_attn.q_proj.weight", "layers.q_dnh", *_Q),
@@ -107,7 +107,7 @@ def _mappings(config: ModelConfig) -> list[_Mapping]:
   """The table rows this architecture uses."""
   paths = set(param_axes(config))
   if config.tie_word_embeddings:
-    paths.discard("lm_head_dv")
+    paths.discard("lm_head_vd")
   return [m for m in _WEIGHT_MAP if m.path in paths]
 
 

@@ -115,7 +115,7 @@ class Qwen(nnx.Module):
     self.layers = Layers(config, rngs=rngs, param_dtype=param_dtype)
     self.final_norm_d = nnx.Param(jnp.ones((d,), param_dtype))
     if not config.tie_word_embeddings:
-      self.lm_head_dv = nnx.Param(_init_array("normal", rngs.params(), (d, v), param_dtype))
+      self.lm_head_vd = nnx.Param(_init_array("normal", rngs.params(), (v, d), param_dtype))
     self.activation_sharding: ActivationSharding | None = None
 
   def __call__(
@@ -186,17 +186,21 @@ class Qwen(nnx.Module):
   def logits(self, hidden: Array) -> Array:
     """float32 logits [..., V] of final-norm hidden states [..., D]."""
     return jnp.einsum(
-      "...d,dv->...v",
+      "...d,vd->...v",
       hidden,
-      self.output_weight_dv().astype(hidden.dtype),
+      self.output_weight_vd().astype(hidden.dtype),
       preferred_element_type=jnp.float32,
     )
 
-  def output_weight_dv(self) -> Array:
-    """The output projection [D, V]: the embedding transposed when tied, else `lm_head`."""
+  def output_weight_vd(self) -> Array:
+    """The output projection [V, D]: the embedding itself when tied, else `lm_head`.
+
+    Both are kept vocabulary-major (as HF stores them) so the tied and untied heads run the same
+    contraction and no transpose of a [V, D] matrix is ever materialised in a decode step.
+    """
     if self.config.tie_word_embeddings:
-      return self.embed_vd[...].T
-    return self.lm_head_dv[...]
+      return self.embed_vd[...]
+    return self.lm_head_vd[...]
 
   def init_cache(self, batch: int, max_len: int, dtype: Any | None = None) -> Cache:
     return init_cache(self.config, batch, max_len, dtype or self.dtype)
@@ -346,7 +350,7 @@ def decoder_stack(
 
 def param_axes(config: ModelConfig, paths: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
   """Named axes of every parameter, keyed by its dotted path in the module ("layers.q_dnh")."""
-  axes = {"embed_vd": ("V", "D"), "final_norm_d": ("D",), "lm_head_dv": ("D", "V")}
+  axes = {"embed_vd": ("V", "D"), "final_norm_d": ("D",), "lm_head_vd": ("V", "D")}
   for name, spec in layer_weight_specs(config).items():
     axes[f"layers.{name}"] = ("L", *spec.axes)
   if paths is None:

@@ -1,0 +1,382 @@
+"""Batched sampling from a `lm.Qwen` model: one jitted prefill and one jitted decode loop.
+
+Shapes stay static under jit: prompts are left-padded to a length bucket, the prompt batch to a
+row bucket, the number of new tokens to a step bucket; per-row sampling parameters are arrays,
+so changing temperature, top-p, top-k, the seed or `max_new_tokens` never recompiles. The n
+samples of a prompt share one prefill (its KV cache is repeated n times) and each sample row
+draws from its own key `fold_in(fold_in(key(seed), j), step)`: sample j of a prompt is the same
+whether the prompt is sampled alone or inside any batch.
+
+Log-probs are those of the model itself (no temperature or truncation applied), the quantity RL
+losses and `lm.scoring` use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lm import sharding as sharding_lib
+from lm.model import Qwen, default_positions
+
+Array = jax.Array
+
+
+class Detokenizer(Protocol):
+  def encode(self, text: str) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclasses.dataclass
+class SamplerOutput:
+  """Generated samples, nested [prompt][sample].
+
+  Attributes:
+    tokens: generated ids, EOS and stop sequences excluded.
+    logprobs: the model's log-prob of each generated token.
+    finish_reasons: "stop" (EOS or a stop sequence) or "length".
+    prompt_lengths: tokens per prompt.
+    texts: decoded samples when the sampler has a tokenizer (stop strings cut off), else None.
+  """
+
+  tokens: list[list[list[int]]]
+  logprobs: list[list[list[float]]]
+  finish_reasons: list[list[str]]
+  prompt_lengths: list[int]
+  texts: list[list[str]] | None = None
+
+  @property
+  def lengths(self) -> list[list[int]]:
+    return [[len(t) for t in per_prompt] for per_prompt in self.tokens]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Bucketing and memory knobs.
+
+  Attributes:
+    min_prompt_bucket: smallest padded prompt length; buckets grow in powers of two.
+    step_bucket: `max_new_tokens` is rounded up to a multiple of this (the loop still stops at
+      the requested count; only buffer shapes are rounded).
+    max_rows: most decode rows (prompts × n) in one device call; larger requests are chunked.
+    cache_dtype: KV-cache dtype (default: the model's compute dtype).
+  """
+
+  min_prompt_bucket: int = 16
+  step_bucket: int = 64
+  max_rows: int = 256
+  cache_dtype: Any = None
+
+
+def _bucket(n: int, minimum: int) -> int:
+  return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+class Sampler:
+  """Samples continuations of token-id prompts from a model (optionally sharded on a mesh)."""
+
+  def __init__(
+    self,
+    model: Qwen,
+    *,
+    tokenizer: Detokenizer | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    config: SamplerConfig = SamplerConfig(),
+    sharding: sharding_lib.ShardingConfig | None = None,
+  ):
+    self.model = model
+    self.tokenizer = tokenizer
+    self.mesh = mesh
+    self.config = config
+    self.sharding = sharding or sharding_lib.ShardingConfig()
+    self.pad_id = model.config.pad_token_id or 0
+    self._graphdef, self._state = nnx.split(model)
+
+  def refresh(self) -> None:
+    """Picks up new parameter values (e.g. after a training step) without recompiling."""
+    self._graphdef, self._state = nnx.split(self.model)
+
+  def generate(
+    self,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    n: int = 1,
+    temperature: float | Sequence[float] = 1.0,
+    top_p: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int] = 0,
+    eos_ids: Sequence[int] = (),
+    stop: Sequence[str | Sequence[int]] = (),
+    seed: int | Sequence[int] = 0,
+  ) -> SamplerOutput:
+    """Samples `n` continuations of every prompt.
+
+    Args:
+      prompts: token-id lists (at least one token each).
+      max_new_tokens: most tokens generated per sample.
+      n: samples per prompt (they share one prefill).
+      temperature, top_p, top_k, seed: a scalar for every prompt or one value per prompt;
+        temperature 0 is greedy, top_k 0 and top_p 1 disable truncation.
+      eos_ids: tokens that end a sample (not included in the output).
+      stop: stop sequences, as token-id lists or strings (strings need a tokenizer). Matching is
+        on token ids on device (the string's own encoding) so rows stop early, then, for
+        strings, on the decoded text, which also catches other tokenisations of the string.
+    """
+    if not prompts:
+      return SamplerOutput([], [], [], [], [] if self.tokenizer else None)
+    if any(len(p) == 0 for p in prompts):
+      raise ValueError("every prompt needs at least one token")
+    if max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    num = len(prompts)
+    per_prompt = {
+      "temperature": _per_prompt(temperature, num, "temperature", float),
+      "top_p": _per_prompt(top_p, num, "top_p", float),
+      "top_k": _per_prompt(top_k, num, "top_k", int),
+      "seed": _per_prompt(seed, num, "seed", int),
+    }
+    stop_strings = [s for s in stop if isinstance(s, str)]
+    if stop_strings and self.tokenizer is None:
+      raise ValueError("stop strings need a Sampler built with a tokenizer")
+    stop_ids = [list(self.tokenizer.encode(s)) if isinstance(s, str) else list(s) for s in stop]
+    stop_ids = [s for s in stop_ids if s]
+    out = SamplerOutput([], [], [], [len(p) for p in prompts], [] if self.tokenizer else None)
+    chunk = max(1, self.config.max_rows // n)
+    for start in range(0, num, chunk):
+      idx = slice(start, start + chunk)
+      self._generate_chunk(
+        prompts[idx],
+        {k: v[idx] for k, v in per_prompt.items()},
+        n,
+        max_new_tokens,
+        tuple(eos_ids),
+        stop_ids,
+        stop_strings,
+        out,
+      )
+    return out
+
+  def _generate_chunk(
+    self, prompts, params, n, max_new_tokens, eos_ids, stop_ids, stop_strings, out: SamplerOutput
+  ) -> None:
+    num = len(prompts)
+    batch_multiple = 1
+    if self.mesh is not None:
+      batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
+    rows = _round_up(_bucket(num, 1), batch_multiple)
+    prompt_len = _bucket(max(len(p) for p in prompts), self.config.min_prompt_bucket)
+    steps = _round_up(max_new_tokens, self.config.step_bucket)
+    tokens = np.full((rows, prompt_len), self.pad_id, np.int32)
+    mask = np.zeros((rows, prompt_len), np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, prompt_len - len(p) :] = p
+      mask[i, prompt_len - len(p) :] = 1
+
+    def padded(values, fill, dtype):
+      return np.asarray(list(values) + [fill] * (rows - num), dtype)
+
+    stop_len = max([len(s) for s in stop_ids], default=1)
+    stop_table = np.full((max(len(stop_ids), 1), stop_len), -1, np.int32)
+    for i, s in enumerate(stop_ids):
+      stop_table[i, stop_len - len(s) :] = s
+    inputs = dict(
+      tokens=tokens,
+      mask=mask,
+      temperature=padded(params["temperature"], 1.0, np.float32),
+      top_p=padded(params["top_p"], 1.0, np.float32),
+      top_k=padded(params["top_k"], 0, np.int32),
+      seed=padded(params["seed"], 0, np.uint32),
+      eos=np.asarray(list(eos_ids) or [-1], np.int32),
+      stop=stop_table,
+      max_new=np.asarray(max_new_tokens, np.int32),
+    )
+    inputs = self._place(inputs)
+    fn = _generate_fn(
+      self._graphdef, n, steps, self.mesh, self.sharding, self.config.cache_dtype or self.model.dtype
+    )
+    gen, logp, length, stopped = jax.device_get(fn(self._state, **inputs))
+    for i in range(num):
+      toks, lps, reasons, texts = [], [], [], []
+      for j in range(n):
+        r = i * n + j
+        t = gen[r, : length[r]].tolist()
+        lp = logp[r, : length[r]].tolist()
+        reason = "stop" if stopped[r] else "length"
+        text = None
+        if self.tokenizer is not None:
+          t, lp, text, hit = _cut_stop_strings(self.tokenizer, t, lp, stop_strings)
+          reason = "stop" if hit else reason
+        toks.append(t)
+        lps.append(lp)
+        reasons.append(reason)
+        texts.append(text)
+      out.tokens.append(toks)
+      out.logprobs.append(lps)
+      out.finish_reasons.append(reasons)
+      if out.texts is not None:
+        out.texts.append(texts)
+
+  def _place(self, inputs: dict[str, np.ndarray]) -> dict[str, Array]:
+    if self.mesh is None:
+      return {k: jnp.asarray(v) for k, v in inputs.items()}
+    placed = {}
+    for k, v in inputs.items():
+      if v.ndim and k not in ("eos", "stop"):
+        placed[k] = jax.device_put(v, sharding_lib.batch_sharding(self.mesh, v.shape, self.sharding))
+      else:
+        placed[k] = jax.device_put(v, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+    return placed
+
+
+def _round_up(x: int, multiple: int) -> int:
+  return -(-x // multiple) * multiple
+
+
+def _per_prompt(value, num: int, name: str, cast) -> list:
+  if isinstance(value, (list, tuple, np.ndarray)):
+    if len(value) != num:
+      raise ValueError(f"{name} has {len(value)} values for {num} prompts")
+    return [cast(v) for v in value]
+  return [cast(value)] * num
+
+
+def _cut_stop_strings(tokenizer, tokens, logprobs, stop_strings):
+  """Cuts a sample at the first stop string in its text; returns (tokens, logprobs, text, hit)."""
+  text = tokenizer.decode(tokens)
+  cuts = [text.find(s) for s in stop_strings if s in text]
+  if not cuts:
+    return tokens, logprobs, text, False
+  cut = min(cuts)
+  # Keep the longest token prefix whose text ends before the stop string begins.
+  keep = 0
+  while keep < len(tokens) and len(tokenizer.decode(tokens[: keep + 1])) <= cut:
+    keep += 1
+  return tokens[:keep], logprobs[:keep], text[:cut], True
+
+
+@functools.lru_cache(maxsize=64)
+def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
+  """The jitted prefill + decode loop for one (graph, n, step bucket) — shapes set the rest."""
+
+  def generate(state, tokens, mask, temperature, top_p, top_k, seed, eos, stop, max_new):
+    model = nnx.merge(graphdef, state)
+    rows, prompt_len = tokens.shape
+    cache_len = prompt_len + steps
+    cache = model.init_cache(rows, cache_len, cache_dtype)
+    key_mask = jnp.concatenate([mask, jnp.ones((rows, steps), mask.dtype)], axis=1)  # [P, S]
+    positions = default_positions(mask)
+    logits, cache = model(tokens, positions=positions, attention_mask=key_mask, cache=cache, cache_index=0)
+    last_logits = logits[:, -1]  # [P, V]
+    # n samples per prompt share the prefill: rows become prompt-major [P * n].
+    rep = lambda x: jnp.repeat(x, n, axis=0)
+    cache = {k: rep(v.swapaxes(0, 1)).swapaxes(0, 1) for k, v in cache.items()}
+    if mesh is not None:
+      cache = {
+        k: jax.lax.with_sharding_constraint(v, sharding_lib.named(mesh, shard_config.cache_lbskh, v.shape))
+        for k, v in cache.items()
+      }
+    last_logits, key_mask = rep(last_logits), rep(key_mask)
+    temperature, top_p, top_k = rep(temperature), rep(top_p), rep(top_k)
+    sample_index = jnp.tile(jnp.arange(n, dtype=jnp.uint32), rows)
+    row_keys = jax.vmap(lambda s, j: jax.random.fold_in(jax.random.key(s), j))(rep(seed), sample_index)
+    next_pos = rep(jnp.sum(mask, axis=1))  # [B] position of the first new token
+    batch = rows * n
+    window = stop.shape[1]
+
+    def step_fn(carry):
+      step, logits, cache, done, out, out_lp, recent, stopped = carry
+      keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
+      token = sample_token(logits, keys, temperature, top_p, top_k)  # [B]
+      logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=1)[:, 0]
+      is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
+      recent = jnp.concatenate([recent[:, 1:], token[:, None]], axis=1)  # [B, W]
+      hit_stop = jnp.any(
+        jnp.all((recent[:, None, :] == stop[None]) | (stop[None] < 0), axis=2)
+        & jnp.any(stop >= 0, axis=1)[None],
+        axis=1,
+      )
+      live = ~done
+      out = out.at[:, step].set(jnp.where(live & ~is_eos, token, -1))
+      out_lp = out_lp.at[:, step].set(jnp.where(live, logprob, 0.0))
+      stopped = stopped | (live & (is_eos | hit_stop))
+      done = done | is_eos | hit_stop
+      new_logits, cache = model(
+        token[:, None],
+        positions=(next_pos + step)[:, None],
+        attention_mask=key_mask,
+        cache=cache,
+        cache_index=prompt_len + step,
+      )
+      return step + 1, new_logits[:, 0], cache, done, out, out_lp, recent, stopped
+
+    def cond_fn(carry):
+      step, _, _, done, *_ = carry
+      return (step < max_new) & ~jnp.all(done)
+
+    carry = (
+      jnp.int32(0),
+      last_logits,
+      cache,
+      jnp.zeros((batch,), bool),
+      jnp.full((batch, steps), -1, jnp.int32),
+      jnp.zeros((batch, steps), jnp.float32),
+      jnp.full((batch, window), -2, jnp.int32),
+      jnp.zeros((batch,), bool),
+    )
+    _, _, _, _, out, out_lp, _, stopped = jax.lax.while_loop(cond_fn, step_fn, carry)
+    # A row's tokens end at EOS (excluded); a stop sequence's tokens are cut on the host side.
+    valid = out >= 0
+    length = jnp.where(jnp.all(valid, axis=1), steps, jnp.argmin(valid, axis=1))
+    stop_trim = _stop_match_length(out, length, stop)
+    return out, out_lp, length - stop_trim, stopped
+
+  return jax.jit(generate)
+
+
+def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:
+  """Length of the stop sequence a row's tokens end with (0 if none), so it can be cut off."""
+  window = stop.shape[1]
+  idx = length[:, None] - window + jnp.arange(window)[None, :]  # [B, W]
+  tail = jnp.where(idx >= 0, jnp.take_along_axis(out, jnp.maximum(idx, 0), axis=1), -2)
+  used = stop >= 0  # [Ns, W]
+  match = jnp.all((tail[:, None, :] == stop[None]) | ~used[None], axis=2) & jnp.any(used, 1)[None]
+  lengths = jnp.where(match, jnp.sum(used, axis=1)[None], 0)  # [B, Ns]
+  return jnp.max(lengths, axis=1)
+
+
+def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, top_k: Array) -> Array:
+  """Draws one token per row [B] from logits [B, V] with per-row parameters.
+
+  Rows with temperature 0 take the argmax. Top-k and top-p masks are computed only when some row
+  asks for them (a full-vocabulary sort is the costliest op of a decode step otherwise).
+  """
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+  needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
+  scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
+  drawn = jax.vmap(lambda k, x: jax.random.categorical(k, x))(keys, scaled).astype(jnp.int32)
+  return jnp.where(temperature <= 0.0, greedy, drawn)
+
+
+def _truncate(scaled: Array, top_p: Array, top_k: Array) -> Array:
+  """Masks tokens outside each row's top-k and top-p (nucleus) sets with -inf."""
+  vocab = scaled.shape[-1]
+  sorted_desc = -jnp.sort(-scaled, axis=-1)  # [B, V]
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)  # [B, 1]
+  probs = jax.nn.softmax(jnp.where(jnp.arange(vocab)[None] < k[:, None], sorted_desc, -jnp.inf), -1)
+  # A token stays if the probability mass strictly before it is below top_p (the first always does).
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep_sorted = mass_before < top_p[:, None]
+  cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+  threshold = jnp.maximum(kth, cutoff)
+  return jnp.where(scaled >= threshold, scaled, -jnp.inf)

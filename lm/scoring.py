@@ -1,0 +1,136 @@
+"""Log-probabilities of given completions under a model, without materialising [B, T, V] logits.
+
+RL losses and KL terms need log π(y_t | prompt, y_<t) for sampled completions. Full-vocabulary
+logits are the usual out-of-memory cause at Qwen's 151,936-token vocabulary, so the output
+projection runs over vocabulary chunks with a running log-sum-exp; each chunk is rematerialised
+in the backward pass, so activation memory stays [B, T, chunk].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lm.model import Qwen
+
+Array = jax.Array
+
+
+def chunked_token_logprobs(hidden: Array, weight_vd: Array, targets: Array, chunk: int = 8192) -> Array:
+  """log softmax(hidden @ weightᵀ)[target] per position, computed chunk by chunk over V.
+
+  Args:
+    hidden: [B, T, D] final-norm hidden states.
+    weight_vd: [V, D] output projection.
+    targets: [B, T] token ids whose log-prob is wanted.
+    chunk: vocabulary chunk size (V is padded up to a multiple of it).
+
+  Returns:
+    [B, T] float32 log-probs, equal to `jax.nn.log_softmax(logits)[targets]`.
+  """
+  vocab, dim = weight_vd.shape
+  chunk = min(chunk, vocab)
+  num_chunks = -(-vocab // chunk)
+  padded = jnp.pad(weight_vd, ((0, num_chunks * chunk - vocab), (0, 0)))
+  chunks = padded.reshape(num_chunks, chunk, dim)  # [C, chunk, D]
+  starts = jnp.arange(num_chunks) * chunk
+
+  @jax.checkpoint
+  def body(carry, xs):
+    running_max, running_sum, target_logit = carry
+    w, start = xs
+    logits = jnp.einsum(
+      "btd,vd->btv", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
+    )  # [B, T, chunk]
+    ids = start + jnp.arange(chunk)
+    logits = jnp.where(ids < vocab, logits, -jnp.inf)
+    new_max = jnp.maximum(running_max, jnp.max(logits, axis=-1))
+    running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.sum(
+      jnp.exp(logits - new_max[..., None]), axis=-1
+    )
+    local = targets - start
+    in_chunk = (local >= 0) & (local < chunk)
+    picked = jnp.take_along_axis(logits, jnp.clip(local, 0, chunk - 1)[..., None], axis=-1)[..., 0]
+    target_logit = jnp.where(in_chunk, picked, target_logit)
+    return (new_max, running_sum, target_logit), None
+
+  shape = targets.shape
+  init = (
+    jnp.full(shape, -jnp.inf, jnp.float32),
+    jnp.zeros(shape, jnp.float32),
+    jnp.zeros(shape, jnp.float32),
+  )
+  (running_max, running_sum, target_logit), _ = jax.lax.scan(body, init, (chunks, starts))
+  return target_logit - (running_max + jnp.log(running_sum))
+
+
+def token_logprobs(
+  model: Qwen,
+  tokens: Array,
+  attention_mask: Array,
+  *,
+  chunk: int = 8192,
+  remat: bool = False,
+) -> Array:
+  """Log-prob of every token given those before it: [B, T], position 0 gets 0.
+
+  `tokens` is a left-padded batch of prompt + completion with its `attention_mask`; entries at
+  padding are 0. Pure and differentiable: call it inside `jax.grad` / `nnx.grad` for losses.
+  """
+  hidden, _ = model.hidden_states(tokens, attention_mask=attention_mask, remat=remat)
+  logp = chunked_token_logprobs(hidden[:, :-1], model.output_weight_vd(), tokens[:, 1:], chunk)
+  logp = jnp.where(attention_mask[:, 1:] > 0, logp, 0.0)
+  return jnp.pad(logp, ((0, 0), (1, 0)))
+
+
+def pack_pairs(
+  prompts: Sequence[Sequence[int]],
+  completions: Sequence[Sequence[int]],
+  *,
+  pad_id: int = 0,
+  length_multiple: int = 16,
+) -> dict[str, np.ndarray]:
+  """Left-pads prompt + completion pairs into one batch with masks for the completion tokens.
+
+  Returns `tokens`, `attention_mask` and `completion_mask` ([B, T]; 1 on completion tokens), with T
+  rounded up to `length_multiple` so repeated calls reuse compiled shapes.
+  """
+  if len(prompts) != len(completions):
+    raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+  lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+  if any(len(p) == 0 for p in prompts):
+    raise ValueError("every prompt needs at least one token")
+  width = -(-max(lengths) // length_multiple) * length_multiple
+  tokens = np.full((len(prompts), width), pad_id, np.int32)
+  attention = np.zeros_like(tokens)
+  completion = np.zeros_like(tokens)
+  for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+    start = width - lengths[i]
+    tokens[i, start:] = list(p) + list(c)
+    attention[i, start:] = 1
+    completion[i, start + len(p) :] = 1
+  return {"tokens": tokens, "attention_mask": attention, "completion_mask": completion}
+
+
+def sequence_logprobs(
+  model: Qwen,
+  batch: dict[str, Array],
+  *,
+  normalize: bool = False,
+  chunk: int = 8192,
+  remat: bool = False,
+) -> tuple[Array, Array]:
+  """Per-token [B, T] (zero outside completions) and per-sequence [B] completion log-probs.
+
+  With `normalize`, the sequence value is the mean over completion tokens (the length-normalised
+  log-prob DPA-GRPO uses), else the sum.
+  """
+  per_token = token_logprobs(model, batch["tokens"], batch["attention_mask"], chunk=chunk, remat=remat)
+  per_token = per_token * batch["completion_mask"]
+  total = jnp.sum(per_token, axis=1)
+  if normalize:
+    total = total / jnp.maximum(jnp.sum(batch["completion_mask"], axis=1), 1)
+  return per_token, total

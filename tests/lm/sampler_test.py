@@ -1,0 +1,158 @@
+"""The sampler against transformers' greedy generate, and its sampling contracts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import lm
+from lm import sampler as sampler_lib
+from lm import scoring, sharding
+from tests.lm.hf_helpers import save_tiny
+
+PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [12, 3], [64, 65, 66, 67, 99]]
+
+
+def _load(tmp_path_factory, kind):
+  hf_model, path = save_tiny(tmp_path_factory.mktemp(kind), kind=kind, vocab=128)
+  return hf_model, lm.load_hf(path, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  """Qwen3 for the sampling contracts (they do not depend on the family)."""
+  return _load(tmp_path_factory, "qwen3")
+
+
+def _hf_greedy(hf_model, prompts, max_new_tokens, eos_id):
+  width = max(len(p) for p in prompts)
+  ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+  with torch.no_grad():
+    out = hf_model.generate(
+      input_ids=ids,
+      attention_mask=mask,
+      do_sample=False,
+      max_new_tokens=max_new_tokens,
+      eos_token_id=eos_id,
+      pad_token_id=0,
+    )
+  rows = []
+  for row in out[:, width:].tolist():
+    rows.append(row[: row.index(eos_id)] if eos_id in row else row)
+  return rows
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
+def test_greedy_equals_transformers_generate(tmp_path_factory, kind):
+  hf_model, model = _load(tmp_path_factory, kind)
+  sampler = sampler_lib.Sampler(model)
+  # Pick as EOS a token greedy decoding actually emits, so stopping is exercised too.
+  free = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0)
+  eos = free.tokens[0][0][4]
+  out = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0, eos_ids=[eos])
+  expected = _hf_greedy(hf_model, PROMPTS, 12, eos)
+  assert [s[0] for s in out.tokens] == expected
+  assert out.finish_reasons[0][0] == "stop" and eos not in out.tokens[0][0]
+  assert all(len(t[0]) == 12 or r[0] == "stop" for t, r in zip(out.tokens, out.finish_reasons, strict=True))
+
+
+def test_sample_is_the_same_alone_and_in_a_batch(checkpoint):
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  kwargs = dict(max_new_tokens=10, n=2, temperature=1.0, seed=7)
+  batch = sampler.generate(PROMPTS, **kwargs)
+  alone = sampler.generate([PROMPTS[1]], **kwargs)
+  assert alone.tokens[0] == batch.tokens[1]
+  np.testing.assert_allclose(alone.logprobs[0][1], batch.logprobs[1][1], atol=1e-5)
+  assert len({tuple(t) for t in batch.tokens[0]}) > 1  # the n samples differ
+
+
+def test_seed_reproducibility_and_per_prompt_parameters(checkpoint):
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  a = sampler.generate(PROMPTS, max_new_tokens=8, n=2, seed=3)
+  b = sampler.generate(PROMPTS, max_new_tokens=8, n=2, seed=3)
+  c = sampler.generate(PROMPTS, max_new_tokens=8, n=2, seed=4)
+  assert a.tokens == b.tokens and a.tokens != c.tokens
+  mixed = sampler.generate(PROMPTS, max_new_tokens=8, n=2, temperature=[0.0, 1.0, 0.0], seed=[1, 3, 1])
+  greedy = sampler.generate(PROMPTS, max_new_tokens=8, n=2, temperature=0.0)
+  assert mixed.tokens[0] == greedy.tokens[0] and mixed.tokens[2] == greedy.tokens[2]
+  assert mixed.tokens[1] == a.tokens[1]  # sample 0 of seed 3 whatever the batch around it
+
+
+def test_sampler_logprobs_equal_scoring_logprobs(checkpoint):
+  _, model = checkpoint
+  out = sampler_lib.Sampler(model).generate(PROMPTS, max_new_tokens=9, n=2, temperature=0.8, seed=1)
+  prompts = [p for p in PROMPTS for _ in range(2)]
+  completions = [t for per_prompt in out.tokens for t in per_prompt]
+  batch = {k: jnp.asarray(v) for k, v in scoring.pack_pairs(prompts, completions).items()}
+  per_token, _ = scoring.sequence_logprobs(model, batch, chunk=48)
+  for i, lp in enumerate(lp for per_prompt in out.logprobs for lp in per_prompt):
+    np.testing.assert_allclose(np.asarray(per_token[i])[batch["completion_mask"][i] == 1], lp, atol=1e-4)
+
+
+def test_stop_sequences_end_rows_early(checkpoint):
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  free = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0)
+  row = free.tokens[2][0]
+  stop = row[3:5]
+  out = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0, stop=[stop])
+  cut = next(i for i in range(len(row) - 1) if row[i : i + 2] == stop)
+  assert out.tokens[2][0] == row[:cut]
+  assert out.finish_reasons[2][0] == "stop"
+  np.testing.assert_allclose(out.logprobs[2][0], free.logprobs[2][0][:cut], atol=1e-6)
+
+
+def test_top_k_and_top_p_never_emit_excluded_tokens():
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.1, 0.06, 0.04]] * 3, jnp.float32))
+  keys = jax.random.split(jax.random.key(0), 2000)
+  draw = jax.jit(
+    jax.vmap(
+      lambda k, tp, tk: sampler_lib.sample_token(logits, jnp.stack([k] * 3), jnp.ones(3), tp, tk),
+      in_axes=(0, None, None),
+    )
+  )
+  tokens = np.asarray(draw(keys, jnp.asarray([1.0, 0.7, 0.85]), jnp.asarray([2, 0, 0])))  # [2000, 3]
+  assert set(tokens[:, 0]) == {0, 1}  # top-k 2
+  assert set(tokens[:, 1]) == {0, 1}  # top-p 0.7: 0.5 + 0.3 covers it
+  assert set(tokens[:, 2]) == {0, 1, 2}  # top-p 0.85 needs the third token
+  frac = np.mean(tokens[:, 0] == 0)
+  assert abs(frac - 0.5 / 0.8) < 0.05  # renormalised within the kept set
+
+
+def test_top_k_one_is_greedy(checkpoint):
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  assert (
+    sampler.generate(PROMPTS, max_new_tokens=6, temperature=1.5, top_k=1, seed=9).tokens
+    == sampler.generate(PROMPTS, max_new_tokens=6, temperature=0.0).tokens
+  )
+
+
+def test_sharded_sampling_equals_single_device(checkpoint):
+  _, model = checkpoint
+  expected = sampler_lib.Sampler(model).generate(PROMPTS, max_new_tokens=8, n=2, seed=5)
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=4, fsdp=1, tp=2))
+  sharded_model = jax.tree.map(lambda x: x, model)  # a second model object over the same arrays
+  sharding.shard_model(sharded_model, mesh)
+  out = sampler_lib.Sampler(sharded_model, mesh=mesh).generate(PROMPTS, max_new_tokens=8, n=2, seed=5)
+  assert out.tokens == expected.tokens
+  np.testing.assert_allclose(
+    np.concatenate([np.concatenate(x) for x in out.logprobs]),
+    np.concatenate([np.concatenate(x) for x in expected.logprobs]),
+    atol=1e-5,
+  )
+
+
+def test_rejects_bad_requests(checkpoint):
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  with pytest.raises(ValueError, match="at least one token"):
+    sampler.generate([[1], []], max_new_tokens=2)
+  with pytest.raises(ValueError, match="temperature has 1 values for 2 prompts"):
+    sampler.generate([[1], [2]], max_new_tokens=2, temperature=[0.5])
+  with pytest.raises(ValueError, match="stop strings need a Sampler built with a tokenizer"):
+    sampler.generate([[1]], max_new_tokens=2, stop=["x"])
