@@ -1,0 +1,24 @@
+"""Writes the DPA-GRPO theory figures and their numbers. See configs/theory.py and docs/theory.md.
+
+  python -m launch.theory --config=configs/theory.py --workdir=/tmp/theory
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from dpa_grpo import plots
+from lm import io, sharding
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/theory.py", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; rewritten if it exists).")
+
+
+def main(_):
+  sharding.initialize_distributed()
+  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  plots.run_theory(_CONFIG.value, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["workdir"])
+  app.run(main)
