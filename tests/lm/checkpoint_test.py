@@ -120,6 +120,18 @@ def test_keeps_newest_n(tmp_path):
   assert metadata == {"step": 4}
 
 
+def test_async_save_is_complete_after_wait(tmp_path):
+  state = {"w": jnp.arange(3.0)}
+  with checkpoint.CheckpointManager(tmp_path, checkpoint.CheckpointConfig(async_save=True)) as ckpt:
+    ckpt.save(1, state, {"step": 1})
+    ckpt.wait_until_finished()
+    assert ckpt.latest_step() == 1
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    restored, metadata = ckpt.restore(None, checkpoint.abstract_like(state))
+  np.testing.assert_array_equal(restored["w"], np.arange(3.0))
+  assert metadata == {"step": 1}
+
+
 @pytest.mark.parametrize("mode,best", [("min", 2), ("max", 4)])
 def test_keeps_best_by_metric(tmp_path, mode, best):
   losses = {1: 3.0, 2: 1.0, 3: 2.0, 4: 5.0, 5: 4.0}
