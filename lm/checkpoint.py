@@ -125,9 +125,8 @@ class CheckpointManager:
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def all_steps(self) -> list[int]:
-    """Every complete step on disk, ascending (re-read, so steps written by others show up)."""
-    self._manager.reload()
-    return sorted(self._manager.all_steps())
+    """Every complete (finalised) step on disk, ascending; an asynchronous save in flight is not."""
+    return sorted(ocp.step.checkpoint_steps(self.directory))
 
   def latest_step(self) -> int | None:
     steps = self.all_steps()

@@ -120,16 +120,17 @@ def test_keeps_newest_n(tmp_path):
   assert metadata == {"step": 4}
 
 
-def test_async_save_is_complete_after_wait(tmp_path):
+def test_async_saves_are_complete_after_wait_and_close(tmp_path):
   state = {"w": jnp.arange(3.0)}
   with checkpoint.CheckpointManager(tmp_path, checkpoint.CheckpointConfig(async_save=True)) as ckpt:
     ckpt.save(1, state, {"step": 1})
     ckpt.wait_until_finished()
     assert ckpt.latest_step() == 1
-  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    ckpt.save(2, jax.tree.map(lambda x: x + 1, state), {"step": 2})
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:  # close() waited for step 2
     restored, metadata = ckpt.restore(None, checkpoint.abstract_like(state))
-  np.testing.assert_array_equal(restored["w"], np.arange(3.0))
-  assert metadata == {"step": 1}
+  np.testing.assert_array_equal(restored["w"], np.arange(3.0) + 1)
+  assert metadata == {"step": 2}
 
 
 @pytest.mark.parametrize("mode,best", [("min", 2), ("max", 4)])
