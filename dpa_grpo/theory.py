@@ -53,8 +53,8 @@ class Game:
   p_z_right: tuple[float, float] = (0.3, 0.9)  # P(S_z = 1 | S_x = 0), P(S_z = 1 | S_x = 1)
   verifier_reward: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 0.0))  # [S_x][NS, SAC]
   generator_reward: tuple[tuple[tuple[float, float], ...], ...] = (  # [S_x][S_z][KEEP, REVISE]
-      ((0.0, 0.0), (0.0, 1.0)),
-      ((1.0, 0.0), (1.0, 1.0)),
+    ((0.0, 0.0), (0.0, 1.0)),
+    ((1.0, 0.0), (1.0, 1.0)),
   )
   verifier_ref: tuple[float, float] = (0.06, 0.34)  # P_ref(SAC | S_x = 0), P_ref(SAC | S_x = 1)
   generator_ref: float = 0.5  # P_ref(REVISE) in every generator state
@@ -108,7 +108,9 @@ def logit(p):
 
 def reference_logits(game: Game) -> np.ndarray:
   """θ_ref: [dim] the reference policies' logits."""
-  return np.concatenate([logit(np.array(game.verifier_ref)), np.full(game.num_generator_states, logit(game.generator_ref))])
+  return np.concatenate(
+    [logit(np.array(game.verifier_ref)), np.full(game.num_generator_states, logit(game.generator_ref))]
+  )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -139,15 +141,15 @@ def _unit_loss(theta, s_x, s_z, sac, game: Game, beta, kl: str, weighting: str):
   g = 2 + game.generator_state(s_x, s_z)
   loss_fn = functools.partial(losses.paired_loss, beta=beta, kl=kl, weighting=weighting)
   loss_v, _ = loss_fn(
-      _pair_logp(theta[s_x])[None],
-      _pair_logp(theta_ref[s_x])[None],
-      jnp.asarray(verifier_rewards, theta.dtype)[unit][None],
+    _pair_logp(theta[s_x])[None],
+    _pair_logp(theta_ref[s_x])[None],
+    jnp.asarray(verifier_rewards, theta.dtype)[unit][None],
   )
   loss_g, _ = loss_fn(
-      _pair_logp(theta[g])[None],
-      _pair_logp(theta_ref[g])[None],
-      jnp.asarray(generator_rewards, theta.dtype)[unit][None],
-      mask=jnp.asarray(sac, theta.dtype)[None],
+    _pair_logp(theta[g])[None],
+    _pair_logp(theta_ref[g])[None],
+    jnp.asarray(generator_rewards, theta.dtype)[unit][None],
+    mask=jnp.asarray(sac, theta.dtype)[None],
   )
   return loss_v + loss_g
 
@@ -185,6 +187,12 @@ def _central_jacobian(fn, theta, h=1e-6):
 
 
 @functools.partial(jax.jit, static_argnames=("game", "kl", "weighting"))
+def vector_fields(thetas, game: Game, beta, *, kl: str, weighting: str = "pair") -> jax.Array:
+  """F at every row of θ.  # [N, dim] -> [N, dim]"""
+  return jax.vmap(lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting))(thetas)
+
+
+@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting"))
 def jacobian(theta, game: Game, beta, *, kl: str, weighting: str = "pair") -> jax.Array:
   """∂F/∂θ at θ (central differences; use float64).  # [dim, dim]"""
   return _central_jacobian(lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting), theta)
@@ -195,8 +203,15 @@ def jacobian(theta, game: Game, beta, *, kl: str, weighting: str = "pair") -> ja
 
 
 @functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "steps", "save_every"))
-def ode_path(theta0, game: Game, beta, *, kl: str, weighting: str, t_end, steps: int, save_every: int):
-  """Classical RK4 from θ0 to t_end. Returns (times [S], θ [S, dim]), S = steps // save_every + 1."""
+def ode_paths(starts, game: Game, beta, *, kl: str, weighting: str, t_end, steps: int, save_every: int):
+  """Classical RK4 from each start to t_end.
+
+  Args:
+    starts: [N, dim] initial logits.
+
+  Returns:
+    (times [S], θ [N, S, dim]), S = steps // save_every + 1.
+  """
   dt = t_end / steps
   field = lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting)
 
@@ -211,9 +226,12 @@ def ode_path(theta0, game: Game, beta, *, kl: str, weighting: str, t_end, steps:
     theta, _ = jax.lax.scan(rk4, theta, None, length=save_every)
     return theta, theta
 
-  _, saved = jax.lax.scan(block, theta0, None, length=steps // save_every)
+  def path(theta0):
+    _, saved = jax.lax.scan(block, theta0, None, length=steps // save_every)
+    return jnp.concatenate([theta0[None], saved], axis=0)
+
   times = dt * save_every * jnp.arange(steps // save_every + 1)
-  return times, jnp.concatenate([theta0[None], saved], axis=0)
+  return times, jax.vmap(path)(starts)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -225,12 +243,21 @@ def step_sizes(n, a0: float, n0: float, kappa: float):
   return a0 / (1.0 + n / n0) ** kappa
 
 
-@functools.partial(
-    jax.jit, static_argnames=("game", "kl", "weighting", "steps", "seeds", "save_every")
-)
+@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "steps", "seeds", "save_every"))
 def stochastic_approximation(
-    key, theta0, game: Game, beta, *, kl: str, weighting: str, steps: int, seeds: int, save_every: int,
-    a0: float, n0: float, kappa: float,
+  key,
+  theta0,
+  game: Game,
+  beta,
+  *,
+  kl: str,
+  weighting: str,
+  steps: int,
+  seeds: int,
+  save_every: int,
+  a0: float,
+  n0: float,
+  kappa: float,
 ):
   """Sampled paired updates θ ← θ − a_n ∇L(o_n; θ), one decision unit o_n ~ P_θ per step.
 
@@ -281,19 +308,20 @@ class FixedPoint:
 
 
 @functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "iters"))
-def _continuation(starts, signs, game: Game, beta, *, kl: str, weighting: str, iters: int):
+def _continuation(starts, signs, game: Game, betas, *, kl: str, weighting: str, iters: int):
   """Pseudo-transient continuation on s·F from each start: θ ← θ + (I/Δt − s·J)⁻¹ s·F.
 
   Implicit-Euler steps with Δt growing geometrically to ∞ (then it is Newton's method): globally
   convergent towards the attractors of s·F, so s = +1 finds the stable points of the ODE and s = −1
   its repellers, and neither is lured into the sigmoid's tails, where F vanishes spuriously and plain
-  Newton stalls. Steps are clipped to 2 logits per coordinate. Returns (θ [N, dim], max |F| [N],
-  ∂F/∂θ [N, dim, dim]).
+  Newton stalls. Steps are clipped to 2 logits per coordinate. Returns, for every β of `betas` [B]
+  and start of `starts` [N, dim]: (θ [B, N, dim], max |F| [B, N], ∂F/∂θ [B, N, dim, dim]).
   """
-  field = lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting)
   eye = jnp.eye(starts.shape[-1], dtype=starts.dtype)
 
-  def solve(theta0, sign):
+  def solve(theta0, sign, beta):
+    field = lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting)
+
     def body(theta, dt):
       lhs = eye / dt - sign * _central_jacobian(field, theta)
       step = jnp.linalg.solve(lhs, sign * field(theta))
@@ -303,7 +331,7 @@ def _continuation(starts, signs, game: Game, beta, *, kl: str, weighting: str, i
     theta, _ = jax.lax.scan(body, theta0, dts)
     return theta, jnp.max(jnp.abs(field(theta))), _central_jacobian(field, theta)
 
-  return jax.vmap(solve)(starts, signs)
+  return jax.vmap(lambda beta: jax.vmap(lambda t, s: solve(t, s, beta))(starts, signs))(betas)
 
 
 def fixed_points(game: Game, beta: float, *, kl: str, weighting: str = "pair", **kwargs) -> list[FixedPoint]:
@@ -312,8 +340,16 @@ def fixed_points(game: Game, beta: float, *, kl: str, weighting: str = "pair", *
 
 
 def fixed_points_over_beta(
-    game: Game, betas, *, kl: str, weighting: str = "pair", num_starts: int = 8, seed: int = 0,
-    tol: float = 1e-10, min_eigenvalue: float = 1e-8, iters: int = 50,
+  game: Game,
+  betas,
+  *,
+  kl: str,
+  weighting: str = "pair",
+  num_starts: int = 8,
+  seed: int = 0,
+  tol: float = 1e-10,
+  min_eigenvalue: float = 1e-8,
+  iters: int = 50,
 ) -> list[list[FixedPoint]]:
   """Isolated zeros of F for each β, by continuation from a spread of starts, with eigenvalues.
 
@@ -331,9 +367,16 @@ def fixed_points_over_beta(
   signs = np.repeat([1.0, -1.0], num_starts)
   betas = np.asarray(betas, np.float64)
   with jax.enable_x64(True):
-    run = functools.partial(_continuation, game=game, kl=kl, weighting=weighting, iters=iters)
     thetas, residuals, jacobians = jax.device_get(
-        jax.vmap(lambda b: run(jnp.asarray(starts), jnp.asarray(signs), beta=b))(jnp.asarray(betas))
+      _continuation(
+        jnp.asarray(starts),
+        jnp.asarray(signs),
+        game,
+        jnp.asarray(betas),
+        kl=kl,
+        weighting=weighting,
+        iters=iters,
+      )
     )  # [B, 2N, dim], [B, 2N], [B, 2N, dim, dim]
   out = []
   for b in range(len(betas)):
@@ -343,7 +386,7 @@ def fixed_points_over_beta(
         continue
       if any(np.allclose(theta, f.theta, rtol=1e-6, atol=1e-6) for f in found):
         continue
-      eig = np.linalg.eigvals(jac)
+      eig = np.linalg.eigvals(jac).astype(complex)
       if np.min(np.abs(eig.real)) <= min_eigenvalue:
         continue
       found.append(FixedPoint(theta, 1.0 / (1.0 + np.exp(-theta)), eig, float(residual)))
@@ -362,11 +405,14 @@ def expected_advantages(game: Game, eps: float = losses.ADVANTAGE_EPS) -> np.nda
   states = game.generator_state(s_x, s_z)
   for g in range(game.num_generator_states):
     sel = states == g
-    out[2 + g] = np.sum(prior[sel] * adv(generator_rewards)[sel]) / np.sum(prior[sel])
+    if prior[sel].sum() > 0:
+      out[2 + g] = np.sum(prior[sel] * adv(generator_rewards)[sel]) / np.sum(prior[sel])
   return out
 
 
-def closed_form_fixed_points(game: Game, beta: float, *, kl: str, weighting: str = "pair") -> list[np.ndarray] | None:
+def closed_form_fixed_points(
+  game: Game, beta: float, *, kl: str, weighting: str = "pair"
+) -> list[np.ndarray] | None:
   """Interior zeros of each state's coordinate of F, in probabilities, from docs/theory.md.
 
   Because F_s = reach_s(θ)·h(θ_s; ā_s) with reach_s > 0 inside the simplex, the fixed points are the
@@ -393,7 +439,9 @@ def closed_form_fixed_points(game: Game, beta: float, *, kl: str, weighting: str
     else:  # ("policy", "k1"): 2ā p(1−p) = 0
       r = np.array([])
     r = np.real(r[np.abs(np.imag(r)) < 1e-9]) if np.iscomplexobj(r) else r
-    roots.append(r if kl == "exact" else np.sort(r[(r > 0.0) & (r < 1.0)]))  # exact: interior, maybe 1.0 in floats
+    roots.append(
+      r if kl == "exact" else np.sort(r[(r > 0.0) & (r < 1.0)])
+    )  # exact: interior, maybe 1.0 in floats
   return roots
 
 
@@ -411,7 +459,8 @@ def action_values(game: Game) -> np.ndarray:
   states = game.generator_state(s_x, s_z)
   for g in range(game.num_generator_states):
     sel = states == g
-    values[2 + g] = prior[sel] @ generator_rewards[sel] / prior[sel].sum()
+    if prior[sel].sum() > 0:  # a state the game never produces keeps values 0 (a tie)
+      values[2 + g] = prior[sel] @ generator_rewards[sel] / prior[sel].sum()
   return values
 
 
@@ -465,8 +514,17 @@ def deviations(game: Game, probs) -> list[Deviation]:
     for worse, mass in ((0, 1.0 - probs[s]), (1, probs[s])):
       gap = values[s, 1 - worse] - values[s, worse]
       if gap > 0 and mass > 0 and reach[s] > 0:
-        found.append(Deviation(role, names[s], actions[worse], actions[1 - worse], float(mass), float(gap),
-                               float(reach[s] * mass * gap)))
+        found.append(
+          Deviation(
+            role,
+            names[s],
+            actions[worse],
+            actions[1 - worse],
+            float(mass),
+            float(gap),
+            float(reach[s] * mass * gap),
+          )
+        )
   return found
 
 
@@ -475,27 +533,37 @@ def _full_outcomes(game: Game):
   rows = list(itertools.product((0, 1), (0, 1), (0, 1), (0, 1)))
   s_x, s_z, a_v, a_g = (np.array(c) for c in zip(*rows, strict=True))
   case = np.select(
-      [(s_x == 1) & (a_v == 0), (s_x == 1) & (a_g == 1), s_x == 1, a_v == 0,
-       (a_g == 1) & (s_z == 1), a_g == 1, s_z == 0],
-      [0, 1, 2, 3, 4, 5, 6], default=7,
+    [
+      (s_x == 1) & (a_v == 0),
+      (s_x == 1) & (a_g == 1),
+      s_x == 1,
+      a_v == 0,
+      (a_g == 1) & (s_z == 1),
+      a_g == 1,
+      s_z == 0,
+    ],
+    [0, 1, 2, 3, 4, 5, 6],
+    default=7,
   )
   return s_x, s_z, a_v, a_g, case
 
 
+@functools.partial(jax.jit, static_argnames=("game",))
 def case_probabilities(game: Game, theta: jax.Array) -> jax.Array:
-  """[8] probabilities of cases 1 … 6b under the logit profile θ."""
+  """Probabilities of cases 1 … 6b under the logit profile θ.  # [..., dim] -> [..., 8]"""
   s_x, s_z, a_v, a_g, case = _full_outcomes(game)
-  prior = np.where(s_x == 1, game.p_x_right, 1 - game.p_x_right)
-  prior = prior * np.where(s_z == 1, np.asarray(game.p_z_right)[s_x], 1 - np.asarray(game.p_z_right)[s_x])
-  p_v = jax.nn.sigmoid(theta[s_x])
-  p_g = jax.nn.sigmoid(theta[2 + game.generator_state(s_x, s_z)])
-  weight = prior * jnp.where(a_v == 1, p_v, 1 - p_v) * jnp.where(a_v == 1, jnp.where(a_g == 1, p_g, 1 - p_g), 0.5)
-  return jax.ops.segment_sum(weight, case, num_segments=len(CASES))
+  p_z = np.asarray(game.p_z_right)[s_x]
+  prior = np.where(s_x == 1, game.p_x_right, 1 - game.p_x_right) * np.where(s_z == 1, p_z, 1 - p_z)  # [16]
+  p_v = jax.nn.sigmoid(theta[..., s_x])  # [..., 16]
+  p_g = jax.nn.sigmoid(theta[..., 2 + game.generator_state(s_x, s_z)])  # [..., 16]
+  generator = jnp.where(a_v == 1, jnp.where(a_g == 1, p_g, 1 - p_g), 0.5)  # NS: both a_g rows, half each
+  weight = prior * jnp.where(a_v == 1, p_v, 1 - p_v) * generator  # [..., 16]
+  return weight @ jax.nn.one_hot(case, len(CASES), dtype=weight.dtype)
 
 
 def final_accuracy(game: Game, theta: jax.Array) -> jax.Array:
-  """Probability the submitted output is right: cases 1, 3 (x kept right) and 5a (fixed)."""
-  return case_probabilities(game, theta)[jnp.array([0, 2, 4])].sum()
+  """Probability the submitted output is right: cases 1, 3 (x kept right) and 5a (fixed).  # [...]"""
+  return case_probabilities(game, theta)[..., jnp.array([0, 2, 4])].sum(-1)
 
 
 def case_deviations(game: Game) -> dict[str, list[Deviation]]:
@@ -517,14 +585,32 @@ def case_deviations(game: Game) -> dict[str, list[Deviation]]:
     v_action = a_v[sel][0]
     v_gap = w @ (verifier_rewards[unit[sel], 1 - v_action] - verifier_rewards[unit[sel], v_action])
     if v_gap > 0:
-      found.append(Deviation("verifier", name, VERIFIER_ACTIONS[v_action], VERIFIER_ACTIONS[1 - v_action],
-                             1.0, float(v_gap), float(v_gap)))
+      found.append(
+        Deviation(
+          "verifier",
+          name,
+          VERIFIER_ACTIONS[v_action],
+          VERIFIER_ACTIONS[1 - v_action],
+          1.0,
+          float(v_gap),
+          float(v_gap),
+        )
+      )
     if v_action == 1:
       g_action = a_g[sel][0]
       states = game.generator_state(s_x[sel], s_z[sel])
       g_gap = w @ (g_values[states, 1 - g_action] - g_values[states, g_action])
       if g_gap > 0:
-        found.append(Deviation("generator", name, GENERATOR_ACTIONS[g_action],
-                               GENERATOR_ACTIONS[1 - g_action], 1.0, float(g_gap), float(g_gap)))
+        found.append(
+          Deviation(
+            "generator",
+            name,
+            GENERATOR_ACTIONS[g_action],
+            GENERATOR_ACTIONS[1 - g_action],
+            1.0,
+            float(g_gap),
+            float(g_gap),
+          )
+        )
     out[name] = found
   return out

@@ -1,6 +1,6 @@
 """Writes the DPA-GRPO theory figures and their numbers. See configs/theory.py and docs/theory.md.
 
-  python -m launch.theory --config=configs/theory.py --workdir=/tmp/theory
+python -m launch.theory --config=configs/theory.py --workdir=/tmp/theory
 """
 
 from absl import app, flags

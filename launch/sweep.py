@@ -1,0 +1,35 @@
+"""Runs every point of a config file's sweep (`get_sweep`) with a launcher. See lm/sweep.py.
+
+  python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=/tmp/sweep \
+      --summary=dpa_grpo.plots.summarize_sweep
+
+Unlike the other launchers this one takes `--config` as a string (passed through to every point,
+whose launcher loads it) and starts no JAX runtime (each point's launcher starts its own).
+"""
+
+from absl import app, flags
+
+from lm import sweep
+
+_CONFIG = flags.DEFINE_string(
+  "config", None, "Config file of the launcher, file.py[:preset]; defines get_sweep."
+)
+_LAUNCHER = flags.DEFINE_string("launcher", None, "Module run per point with python -m, e.g. launch.theory.")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Sweep directory: index.json and one sub-directory per point."
+)
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print one command per point instead of running them.")
+_SUMMARY = flags.DEFINE_string(
+  "summary", "", "Optional package.module.function(workdir) run after all points."
+)
+
+
+def main(_):
+  sweep.run_sweep(
+    _CONFIG.value, _LAUNCHER.value, _WORKDIR.value, dry_run=_DRY_RUN.value, summary=_SUMMARY.value
+  )
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "launcher", "workdir"])
+  app.run(main)
