@@ -21,7 +21,10 @@ from flax import nnx
 from lm.config import ModelConfig
 
 Array = jax.Array
-Cache = dict[str, Array]  # {"k": [L, B, S, K, H], "v": [L, B, S, K, H]}
+# One {"k", "v"} pair per layer, each [B, K, S, H]: per-layer buffers are updated in place inside
+# decode loops, and the K-major layout is the one the attention contractions read without copies.
+Cache = list[dict[str, Array]]
+LayerWeights = list[dict[str, Array]]
 
 _NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -127,6 +130,7 @@ class Qwen(nnx.Module):
     cache: Cache | None = None,
     cache_index: Array | int = 0,
     remat: bool = False,
+    layer_weights: LayerWeights | None = None,
   ) -> Array | tuple[Array, Cache]:
     hidden, new_cache = self.hidden_states(
       tokens,
@@ -135,6 +139,7 @@ class Qwen(nnx.Module):
       cache=cache,
       cache_index=cache_index,
       remat=remat,
+      layer_weights=layer_weights,
     )
     logits = self.logits(hidden)
     return logits if cache is None else (logits, new_cache)
@@ -148,40 +153,43 @@ class Qwen(nnx.Module):
     cache: Cache | None = None,
     cache_index: Array | int = 0,
     remat: bool = False,
+    layer_weights: LayerWeights | None = None,
   ) -> tuple[Array, Cache | None]:
-    """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read."""
-    batch, length = tokens.shape
+    """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read.
+
+    `layer_weights` (from `unstacked_layer_weights`) lets a decode loop split the stacked weights
+    once, outside the loop, instead of slicing every layer's weights at every step.
+    """
+    length = tokens.shape[1]
     if cache is None:
-      key_mask = (
-        jnp.ones((batch, length), jnp.bool_) if attention_mask is None else attention_mask.astype(jnp.bool_)
-      )  # [B, T]
+      key_mask = jnp.ones(tokens.shape, jnp.bool_) if attention_mask is None else attention_mask.astype(bool)
       if positions is None:
-        positions = default_positions(key_mask)
+        positions = default_positions(key_mask)  # [B, T]
     else:
       if attention_mask is None:
         raise ValueError("decoding with a cache needs attention_mask over all cache slots [B, S]")
       key_mask = attention_mask.astype(jnp.bool_)  # [B, S]
       if positions is None:
-        positions = (
-          default_positions(key_mask)[:, cache_index:][:, :length]
-          if isinstance(cache_index, int)
-          else jax.lax.dynamic_slice_in_dim(default_positions(key_mask), cache_index, length, axis=1)
-        )
+        positions = jax.lax.dynamic_slice_in_dim(default_positions(key_mask), cache_index, length, axis=1)
     x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(self.dtype)  # [B, T, D]
     x = self._constrain(x)
-    hidden, new_cache = decoder_stack(
-      self.config,
-      self.layers.weights(),
-      x,
-      positions,
-      key_mask,
-      cache,
-      cache_index,
-      dtype=self.dtype,
-      remat=remat,
-      constrain=self._constrain,
-    )
+    if cache is None:
+      hidden = decoder_stack(
+        self.config, self.layers.weights(), x, positions, key_mask, dtype=self.dtype, remat=remat,
+        constrain=self._constrain,
+      )
+      new_cache = None
+    else:
+      hidden, new_cache = cached_decoder_stack(
+        self.config, layer_weights or self.unstacked_layer_weights(), x, positions, key_mask, cache,
+        cache_index, dtype=self.dtype, constrain=self._constrain,
+      )
     return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
+
+  def unstacked_layer_weights(self) -> LayerWeights:
+    """Per-layer weight dicts [L] × {name: array without the L axis}."""
+    stacked = self.layers.weights()
+    return [{name: w[i] for name, w in stacked.items()} for i in range(self.config.num_layers)]
 
   def logits(self, hidden: Array) -> Array:
     """float32 logits [..., V] of final-norm hidden states [..., D]."""
@@ -208,7 +216,7 @@ class Qwen(nnx.Module):
   def _constrain(self, x: Array) -> Array:
     if self.activation_sharding is None:
       return x
-    return jax.lax.with_sharding_constraint(x, self.activation_sharding.for_rank(x.ndim))
+    return jax.lax.with_sharding_constraint(x, self.activation_sharding.btd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,14 +225,10 @@ class ActivationSharding:
 
   btd: jax.sharding.NamedSharding
 
-  def for_rank(self, ndim: int) -> jax.sharding.NamedSharding:
-    del ndim
-    return self.btd
-
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
-  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  shape = (batch, config.num_kv_heads, max_len, config.head_dim)  # [B, K, S, H]
+  return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(config.num_layers)]
 
 
 def default_positions(mask: Array) -> Array:
@@ -256,20 +260,20 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
 
   Args:
     q: [B, T, N, H] queries.
-    k, v: [B, S, K, H] keys and values (N is a multiple of K).
+    k, v: [B, K, S, H] keys and values (N is a multiple of K).
     mask: [B, T, S] True where query t may attend key s.
 
   Returns:
     [B, T, N, H] in q's dtype; scores and softmax in float32.
   """
   b, t, n, h = q.shape
-  kv_heads = k.shape[2]
+  kv_heads = k.shape[1]
   q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = scores * (h**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+  out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
   return out.reshape(b, t, n, h)
 
 
@@ -279,13 +283,13 @@ def decoder_layer(
   x: Array,
   positions: Array,
   mask: Array,
-  kv: tuple[Array, Array] | None,
+  kv: dict[str, Array] | None,
   cache_index: Array | int,
   dtype: Any,
-) -> tuple[Array, tuple[Array, Array] | None]:
+) -> tuple[Array, dict[str, Array] | None]:
   """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis).
 
-  With `kv` (this layer's cache [B, S, K, H] twice), the new keys/values are written at
+  With `kv` (this layer's cache, [B, K, S, H] each), the new keys/values are written at slot
   `cache_index` and attention reads the whole cache; otherwise attention is over x itself.
   """
   eps = config.rms_norm_eps
@@ -300,12 +304,14 @@ def decoder_layer(
     q = rms_norm(q, w["q_norm_h"], eps)
     k = rms_norm(k, w["k_norm_h"], eps)
   q = rope(q, positions, config.rope_theta)
-  k = rope(k, positions, config.rope_theta)
+  k = rope(k, positions, config.rope_theta).swapaxes(1, 2)  # [B, K, T, H]
+  v = v.swapaxes(1, 2)
   if kv is not None:
-    k_cache = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), cache_index, axis=1)
-    v_cache = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
-    kv = (k_cache, v_cache)
-    k, v = k_cache.astype(dtype), v_cache.astype(dtype)
+    kv = {
+      "k": jax.lax.dynamic_update_slice_in_dim(kv["k"], k.astype(kv["k"].dtype), cache_index, axis=2),
+      "v": jax.lax.dynamic_update_slice_in_dim(kv["v"], v.astype(kv["v"].dtype), cache_index, axis=2),
+    }
+    k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
   attn = attention(q, k, v, mask)  # [B, T, N, H]
   x = x + jnp.einsum("btnh,nhd->btd", attn, cast("o_nhd"))
   h = rms_norm(x, w["post_norm_d"], eps)
@@ -315,36 +321,60 @@ def decoder_layer(
   return x, kv
 
 
+def _attention_mask(key_mask: Array, length: int, cache_index: Array | int) -> Array:
+  """[B, T, S]: causal over slots (query t sits at slot cache_index + t) and no padding keys."""
+  query_slot = jnp.arange(length) + cache_index  # [T]
+  causal = query_slot[:, None] >= jnp.arange(key_mask.shape[1])[None, :]  # [T, S]
+  return causal[None] & key_mask[:, None, :]
+
+
 def decoder_stack(
   config: ModelConfig,
   weights: dict[str, Array],
   x: Array,
   positions: Array,
   key_mask: Array,
-  cache: Cache | None,
-  cache_index: Array | int,
   *,
   dtype: Any,
   remat: bool = False,
   constrain=lambda x: x,
-) -> tuple[Array, Cache | None]:
-  """Runs all layers with `lax.scan` over the stacked weights (and the cache's L axis)."""
-  length = x.shape[1]
-  slots = key_mask.shape[1]
-  query_slot = jnp.arange(length) + cache_index  # [T]
-  causal = query_slot[:, None] >= jnp.arange(slots)[None, :]  # [T, S]
-  mask = causal[None] & key_mask[:, None, :]  # [B, T, S]
+) -> Array:
+  """All layers over a whole sequence with `lax.scan` over the stacked weights (training, scoring)."""
+  mask = _attention_mask(key_mask, x.shape[1], 0)
 
-  def body(carry, layer):
-    w, kv = layer
-    out, kv = decoder_layer(config, w, carry, positions, mask, kv, cache_index, dtype)
-    return constrain(out), kv
+  def body(carry, w):
+    out, _ = decoder_layer(config, w, carry, positions, mask, None, 0, dtype)
+    return constrain(out), None
 
   if remat:
     body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-  layer_kv = None if cache is None else (cache["k"], cache["v"])
-  x, new_kv = jax.lax.scan(body, x, (weights, layer_kv))
-  new_cache = None if cache is None else {"k": new_kv[0], "v": new_kv[1]}
+  x, _ = jax.lax.scan(body, x, weights)
+  return x
+
+
+def cached_decoder_stack(
+  config: ModelConfig,
+  layer_weights: LayerWeights,
+  x: Array,
+  positions: Array,
+  key_mask: Array,
+  cache: Cache,
+  cache_index: Array | int,
+  *,
+  dtype: Any,
+  constrain=lambda x: x,
+) -> tuple[Array, Cache]:
+  """All layers with a KV cache, unrolled: each layer reads its own weight and cache buffers.
+
+  Unrolling (instead of scanning) is what keeps a decode step at one read of every weight: a scan
+  over stacked weights copies each layer's slice, and a scanned cache is rewritten every step.
+  """
+  mask = _attention_mask(key_mask, x.shape[1], cache_index)
+  new_cache = []
+  for w, kv in zip(layer_weights, cache, strict=True):
+    x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype)
+    x = constrain(x)
+    new_cache.append(kv)
   return x, new_cache
 
 

@@ -274,16 +274,18 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
     cache = model.init_cache(rows, cache_len, cache_dtype)
     key_mask = jnp.concatenate([mask, jnp.ones((rows, steps), mask.dtype)], axis=1)  # [P, S]
     positions = default_positions(mask)
-    logits, cache = model(tokens, positions=positions, attention_mask=key_mask, cache=cache, cache_index=0)
+    layer_weights = model.unstacked_layer_weights()  # split once, outside the decode loop
+    logits, cache = model(
+      tokens, positions=positions, attention_mask=key_mask, cache=cache, cache_index=0,
+      layer_weights=layer_weights,
+    )
     last_logits = logits[:, -1]  # [P, V]
     # n samples per prompt share the prefill: rows become prompt-major [P * n].
     rep = lambda x: jnp.repeat(x, n, axis=0)
-    cache = {k: rep(v.swapaxes(0, 1)).swapaxes(0, 1) for k, v in cache.items()}
+    cache = jax.tree.map(rep, cache)
     if mesh is not None:
-      cache = {
-        k: jax.lax.with_sharding_constraint(v, sharding_lib.named(mesh, shard_config.cache_lbskh, v.shape))
-        for k, v in cache.items()
-      }
+      place = lambda v: sharding_lib.named(mesh, shard_config.cache_bksh, v.shape)
+      cache = jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, place(v)), cache)
     last_logits, key_mask = rep(last_logits), rep(key_mask)
     temperature, top_p, top_k = rep(temperature), rep(top_p), rep(top_k)
     sample_index = jnp.tile(jnp.arange(n, dtype=jnp.uint32), rows)
@@ -315,6 +317,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
         attention_mask=key_mask,
         cache=cache,
         cache_index=prompt_len + step,
+        layer_weights=layer_weights,
       )
       return step + 1, new_logits[:, 0], cache, done, out, out_lp, recent, stopped
 

@@ -100,14 +100,14 @@ class ShardingConfig:
     weight_axis_rules: named model axis -> mesh axis (absent = replicated).
     act_btd: the residual stream [B, T, D].
     act_btv: logits [B, T, V].
-    cache_lbskh: the KV cache [L, B, S, K, H].
+    cache_bksh: each layer's KV cache [B, K, S, H].
     tokens_bt: token ids and masks [B, T].
   """
 
   weight_axis_rules: tuple[tuple[str, str], ...] = tuple(_WEIGHT_AXIS_RULES.items())
   act_btd: P = P(BATCH_AXES, None, None)
   act_btv: P = P(BATCH_AXES, None, "tp")
-  cache_lbskh: P = P(None, BATCH_AXES, None, "tp", None)
+  cache_bksh: P = P(BATCH_AXES, "tp", None, None)
   tokens_bt: P = P(BATCH_AXES, None)
 
   def weight_spec(self, axes: tuple[str, ...]) -> P:
