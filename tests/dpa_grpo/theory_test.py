@@ -137,8 +137,8 @@ def test_beta_to_zero_recovers_pure_best_responses(weighting, kl):
 
 
 def test_stochastic_approximation_mean_converges_to_the_ode_fixed_point():
-  """256 seeds, 4000 steps of a_n = 1/(1 + n/100)^0.6 (ODE time 855, 25x the slowest mode's 1/|λ| = 33
-  at this point): the mean over seeds ends within 0.02 of p* in every state."""
+  """128 seeds, 3000 steps of a_n = 1/(1 + n/100)^0.6 (ODE time 738, 22x the slowest mode's 1/|λ| = 33
+  at this point): the mean over seeds ends within 0.01 of p* in every state (observed: 0.002)."""
   beta, kl, weighting = 1.0, "k3", "pair"
   p_star = np.array([r[0] for r in theory.closed_form_fixed_points(FAST, beta, kl=kl, weighting=weighting)])
   times, paths = theory.stochastic_approximation(
@@ -155,9 +155,9 @@ def test_stochastic_approximation_mean_converges_to_the_ode_fixed_point():
     n0=100.0,
     kappa=0.6,
   )
-  assert times[-1] > 800
+  assert times[-1] > 700
   mean = np.asarray(jax.nn.sigmoid(paths[:, -1])).mean(0)
-  np.testing.assert_allclose(mean, p_star, atol=0.02)
+  np.testing.assert_allclose(mean, p_star, atol=0.01)
   start = np.asarray(jax.nn.sigmoid(paths[:, 0])).mean(0)
   assert np.max(np.abs(start - p_star)) > 0.2  # the runs did travel
 
