@@ -359,14 +359,27 @@ def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:
 def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, top_k: Array) -> Array:
   """Draws one token per row [B] from logits [B, V] with per-row parameters.
 
-  Rows with temperature 0 take the argmax. Top-k and top-p masks are computed only when some row
-  asks for them (a full-vocabulary sort is the costliest op of a decode step otherwise).
+  Rows with temperature 0 take the argmax, and a batch of only greedy rows skips sampling. Draws
+  use the inverse CDF with one uniform per row: exact, and far cheaper on CPU than Gumbel-max,
+  which needs a random number per vocabulary entry. Top-k / top-p masks are computed only when
+  some row asks for them (a full-vocabulary sort is otherwise the costliest op of a step).
   """
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-  needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
-  scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
-  drawn = jax.vmap(lambda k, x: jax.random.categorical(k, x))(keys, scaled).astype(jnp.int32)
+
+  def draw(_):
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
+    scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    cdf = jnp.cumsum(probs, axis=-1)  # [B, V]
+    u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys) * cdf[:, -1]  # [B]
+    token = jnp.sum(cdf <= u[:, None], axis=-1)
+    # Never land on a zero-probability entry (u can equal a plateau of the CDF).
+    token = jnp.minimum(token, logits.shape[-1] - 1)
+    first_allowed = jnp.argmax(probs > 0, axis=-1)
+    return jnp.where(jnp.take_along_axis(probs, token[:, None], 1)[:, 0] > 0, token, first_allowed)
+
+  drawn = jax.lax.cond(jnp.all(temperature <= 0.0), lambda _: greedy, draw, None).astype(jnp.int32)
   return jnp.where(temperature <= 0.0, greedy, drawn)
 
 
