@@ -112,19 +112,26 @@ def render_card(card: Card) -> str:
   return f"- [{card.type}] {card.text}"
 
 
-def render_cards(cards: Iterable[Card], budget: int, count_tokens: TokenCounter = estimate_tokens) -> str:
-  """Cards as prompt lines, in order, skipping any that would overflow `budget` tokens.
+def fit_cards(
+  cards: Iterable[Card], budget: int, count_tokens: TokenCounter = estimate_tokens
+) -> tuple[Card, ...]:
+  """The cards that fit in `budget` tokens, in order, skipping any that would overflow it.
 
-  Skipping rather than stopping lets a long card give way to shorter later ones.
+  Skipping rather than stopping lets a long card give way to shorter later ones. A projection
+  records exactly these cards as "in context" (REFINE attributes outcomes to them).
   """
-  lines, used = [], 0
+  kept, used = [], 0
   for card in cards:
-    line = render_card(card)
-    cost = count_tokens(line + "\n")
+    cost = count_tokens(render_card(card) + "\n")
     if used + cost <= budget:
-      lines.append(line)
+      kept.append(card)
       used += cost
-  return "\n".join(lines)
+  return tuple(kept)
+
+
+def render_cards(cards: Iterable[Card], budget: int, count_tokens: TokenCounter = estimate_tokens) -> str:
+  """Cards as prompt lines: those `fit_cards` keeps within `budget` tokens, in order."""
+  return "\n".join(render_card(c) for c in fit_cards(cards, budget, count_tokens))
 
 
 class BudgetError(ValueError):

@@ -9,3 +9,19 @@ from kace import answers
 def grader():
   with answers.Grader(workers=2, timeout_s=10.0) as g:
     yield g
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+  """A random tiny Qwen3 saved as an HF checkpoint directory with a tiny byte-level tokenizer."""
+  from flax import nnx
+
+  import lm
+  from lm.config import ModelConfig
+  from lm.tokenizer import load_tokenizer
+  from tests.lm.tokenizer_helpers import make_tiny_tokenizer
+
+  path = make_tiny_tokenizer(tmp_path_factory.mktemp("tiny_solver"))
+  model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=load_tokenizer(path).vocab_size), rngs=nnx.Rngs(0))
+  lm.save_hf(model, path)
+  return path

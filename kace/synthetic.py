@@ -1,0 +1,343 @@
+"""A synthetic maths benchmark and a tiny solver trained on it, for CPU-scale KACE runs.
+
+Nothing here is a real maths benchmark. The point is a model whose solve rate really varies with
+difficulty, so that tiered voting, exit tiers and the order-preservation metric have something to
+measure on a laptop: problems come from three domains (arithmetic → algebra, remainders → number
+theory, counting → combinatorics) at four levels whose input spaces and computations grow, and a
+tiny Qwen3-style model is trained for a minute or two with `lm.sft` to answer them in `\\boxed{}`.
+Easy levels end up solved almost always, hard ones rarely. See docs/kace.md ("CPU scale") for
+what its numbers do and do not mean.
+
+`ensure_tiny_solver(cache_dir, config)` builds the tokenizer, trains the model and saves both as
+one HF checkpoint directory (plus a small hand-written demonstration tree), once per config: the
+directory name hashes the config, the build is deterministic by seed, and it is published by an
+atomic rename, so concurrent or killed builds never leave a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+
+import tokenizers
+from flax import nnx
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from kace import cards as cards_lib
+from kace import data, projection
+from lm import hf, io, sft
+from lm.config import ModelConfig
+from lm.model import Qwen
+from lm.tokenizer import CHATML_TEMPLATE, load_tokenizer
+
+_log = logging.getLogger(__name__)
+
+LEVELS = (1, 2, 3, 4)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")  # ids 0 (pad), 1 (eos), 2
+
+# (subject label, level) -> a function drawing (question, answer) from an RNG. Subject labels are
+# MATH's, so data.domain_of maps them onto the tree's domains like a real benchmark's labels.
+Family = Callable[[random.Random], tuple[str, int]]
+
+
+def _add(lo: int, hi: int, terms: int) -> Family:
+  def draw(rng: random.Random) -> tuple[str, int]:
+    xs = [rng.randint(lo, hi) for _ in range(terms)]
+    return f"What is {' + '.join(map(str, xs))}?", sum(xs)
+
+  return draw
+
+
+def _multiply(rng: random.Random) -> tuple[str, int]:
+  a, b = rng.randint(11, 99), rng.randint(3, 9)
+  return f"What is {a} * {b}?", a * b
+
+
+def _remainder(hi: int, moduli: tuple[int, int]) -> Family:
+  def draw(rng: random.Random) -> tuple[str, int]:
+    a, m = rng.randint(1, hi), rng.randint(*moduli)
+    return f"What is the remainder when {a} is divided by {m}?", a % m
+
+  return draw
+
+
+def _last_digit_of_product(rng: random.Random) -> tuple[str, int]:
+  a, b = rng.randint(11, 99), rng.randint(11, 99)
+  return f"What is the last digit of {a} * {b}?", (a * b) % 10
+
+
+def _multiples(hi: int) -> Family:
+  def draw(rng: random.Random) -> tuple[str, int]:
+    n, k = rng.randint(10, hi), rng.randint(2, 9)
+    return f"How many integers from 1 to {n} are multiples of {k}?", n // k
+
+  return draw
+
+
+def _pairs(rng: random.Random) -> tuple[str, int]:
+  n = rng.randint(3, 30)
+  return f"How many ways are there to choose 2 of {n} books?", math.comb(n, 2)
+
+
+def _outfits(rng: random.Random) -> tuple[str, int]:
+  a, b = rng.randint(2, 9), rng.randint(2, 9)
+  return f"How many outfits can be made from {a} shirts and {b} hats?", a * b
+
+
+FAMILIES: dict[tuple[str, int], Family] = {
+  ("Algebra", 1): _add(0, 9, 2),
+  ("Algebra", 2): _add(10, 99, 2),
+  ("Algebra", 3): _add(10, 99, 3),
+  ("Algebra", 4): _multiply,
+  ("Number Theory", 1): _remainder(20, (2, 5)),
+  ("Number Theory", 2): _remainder(99, (2, 9)),
+  ("Number Theory", 3): _remainder(999, (3, 12)),
+  ("Number Theory", 4): _last_digit_of_product,
+  ("Counting & Probability", 1): _multiples(30),
+  ("Counting & Probability", 2): _multiples(200),
+  ("Counting & Probability", 3): _outfits,
+  ("Counting & Probability", 4): _pairs,
+}
+
+
+def generate(per_cell: int, seed: int, levels: Sequence[int] = LEVELS) -> list[data.Problem]:
+  """`per_cell` distinct problems for every (subject, level) family, deterministic by seed.
+
+  Ids are `synthetic/<domain>/L<level>/<n>`. A family whose question space is smaller than
+  `per_cell` yields all its distinct questions it finds in a bounded number of draws.
+  """
+  rng = random.Random(seed)
+  problems = []
+  for (subject, level), draw in FAMILIES.items():
+    if level not in levels:
+      continue
+    domain = data.domain_of(subject)
+    seen: dict[str, int] = {}
+    for _ in range(20 * per_cell):
+      if len(seen) == per_cell:
+        break
+      question, answer = draw(rng)
+      seen.setdefault(question, answer)
+    for n, (question, answer) in enumerate(seen.items()):
+      problems.append(
+        data.Problem(
+          f"synthetic/{domain}/L{level}/{n}", question, str(answer), "synthetic", subject, domain, level
+        )
+      )
+  return problems
+
+
+def split(problems: Sequence[data.Problem], test_per_cell: int, seed: int) -> tuple[list, list]:
+  """(train, test): `test_per_cell` problems of every (domain, level) go to test; no test question
+  occurs in train, so the model must compute answers, not recall them."""
+  rng = random.Random(seed)
+  cells: dict[tuple, list[data.Problem]] = {}
+  for p in problems:
+    cells.setdefault((p.domain, p.level), []).append(p)
+  test = [p for cell in cells.values() for p in rng.sample(cell, min(test_per_cell, len(cell)))]
+  test_questions = {p.question for p in test}
+  train = [p for p in problems if p.question not in test_questions]
+  return train, sorted(test, key=lambda p: p.id)
+
+
+# ---- the demonstration tree ------------------------------------------------------------------------
+
+# Hand-written cards, one per (tier, domain) block that reads cards, plus one universal card. They
+# demonstrate the `kace` method's plumbing at CPU scale; they are not learned (issue 6's ADD and
+# REFINE learn trees) and the tiny model cannot use their content.
+DEMO_CARDS = (
+  ("MS", "algebra", "decomposition", "Add ones, then tens."),
+  ("HS", "algebra", "verification_rule", "Check the last digit."),
+  ("MS", "number_theory", "lemma", "A remainder is below the divisor."),
+  ("HS", "number_theory", "invariant", "Last digits multiply."),
+  ("MS", "combinatorics", "lemma", "Divide and round down."),
+  ("HS", "combinatorics", "lemma", "Pairs of n: n(n-1)/2."),
+  (None, None, "verification_rule", "Answer with one number."),
+)
+
+
+def demo_tree() -> cards_lib.EpistemicTree:
+  tree = cards_lib.EpistemicTree()
+  for tier, domain, card_type, text in DEMO_CARDS:
+    provenance = cards_lib.Provenance(origin="manual:synthetic-demo")
+    tree, _ = tree.add(text, card_type, tier, domain, provenance, reason="demonstration card")
+  return tree
+
+
+# ---- the tiny solver -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TinySolverConfig:
+  """What `ensure_tiny_solver` builds; every field is part of the cache key.
+
+  Attributes:
+    seed: problems, split, model init and batch order.
+    per_cell: problems generated per (domain, level) before the split.
+    test_per_cell: held-out problems per (domain, level) (the evaluation set).
+    vocab_size: BPE vocabulary (256 bytes + special tokens + merges learnt on the prompts).
+    hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim: the model.
+    card_fraction: share of training prompts that carry the demonstration tree's cards for their
+      (tier, domain), drawn at random, so prompts with cards are not out of distribution.
+    steps, batch_size, learning_rate, warmup_steps: `lm.sft.SFTConfig`.
+  """
+
+  seed: int = 0
+  per_cell: int = 400
+  test_per_cell: int = 4
+  vocab_size: int = 512
+  hidden_size: int = 64
+  intermediate_size: int = 192
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  card_fraction: float = 0.3
+  steps: int = 300
+  batch_size: int = 32
+  learning_rate: float = 3e-3
+  warmup_steps: int = 30
+
+  def key(self) -> str:
+    blob = json.dumps(dataclasses.asdict(self), sort_keys=True) + SOLVER_VERSION
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+  def problems(self) -> tuple[list[data.Problem], list[data.Problem]]:
+    """(train, test) of the synthetic benchmark this solver is trained and evaluated on."""
+    return split(generate(self.per_cell, self.seed), self.test_per_cell, self.seed)
+
+
+# Bump when the build changes in a way the config does not capture (prompt format, families).
+SOLVER_VERSION = "1"
+
+
+def build_tokenizer(path: str, corpus: Sequence[str], vocab_size: int) -> None:
+  """A byte-level BPE tokenizer (Qwen's kind: every string encodes) trained on `corpus`.
+
+  Digits are split one per token, as Qwen does, so numbers are spelled digit by digit. Special
+  tokens are ids 0 (`<|endoftext|>`, pad), 1 (`<|im_end|>`, eos), 2 (`<|im_start|>`); the chat
+  template is ChatML (`lm.tokenizer.CHATML_TEMPLATE`).
+  """
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.Sequence(
+    [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+  )
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    special_tokens=list(SPECIAL_TOKENS),
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
+  tok.train_from_iterator(corpus, trainer=trainer)
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  config = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "bos_token": None,
+    "unk_token": None,
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": 2048,
+    "chat_template": CHATML_TEMPLATE,
+  }
+  io.write_json(os.path.join(path, "tokenizer_config.json"), config)
+
+
+def solver_messages(question: str, notes: str = "") -> list[dict[str, str]]:
+  """The chat the solver sees (kace.solve sends exactly this)."""
+  return [{"role": "user", "content": projection.solver_prompt(question, notes)}]
+
+
+def training_examples(
+  problems: Sequence[data.Problem], tree: cards_lib.EpistemicTree, card_fraction: float, seed: int
+) -> list[tuple[list[dict[str, str]], str]]:
+  """(chat, completion) pairs; a `card_fraction` share of chats carry the cards of a random tier."""
+  rng = random.Random(seed)
+  examples = []
+  for p in problems:
+    notes = ""
+    if rng.random() < card_fraction:
+      notes = projection.project(tree, rng.choice(("MS", "HS")), p.domain).notes
+    examples.append((solver_messages(p.question, notes), f"\\boxed{{{p.answer}}}"))
+  return examples
+
+
+def ensure_tiny_solver(cache_dir: str, config: TinySolverConfig = TinySolverConfig()) -> str:
+  """The directory of the tiny solver for `config` (HF checkpoint + tokenizer + `tree.json`),
+  built first if the cache does not hold it yet. Returns its path."""
+  target = os.path.join(os.path.abspath(cache_dir), f"tiny-solver-{config.key()}")
+  if os.path.exists(os.path.join(target, "build.json")):
+    return target
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  staging = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".building-")
+  try:
+    _build(staging, config)
+    try:
+      os.rename(staging, target)
+    except OSError:  # another process published it first; theirs is identical
+      if not os.path.exists(os.path.join(target, "build.json")):
+        raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return target
+
+
+def _build(path: str, config: TinySolverConfig) -> None:
+  train, _ = config.problems()
+  tree = demo_tree()
+  examples = training_examples(train, tree, config.card_fraction, config.seed)
+  corpus = [projection.solver_prompt(p.question) + f" \\boxed{{{p.answer}}}" for p in train[::4]]
+  # Chat roles and card lines are repeated so that BPE merges them: shorter prompts, faster runs.
+  corpus += ["user\nassistant\n", *(cards_lib.render_card(c) for c in tree.cards)] * 50
+  build_tokenizer(path, corpus, config.vocab_size)
+  tokenizer = load_tokenizer(path)
+  model_config = ModelConfig(
+    vocab_size=tokenizer.vocab_size,
+    hidden_size=config.hidden_size,
+    intermediate_size=config.intermediate_size,
+    num_layers=config.num_layers,
+    num_heads=config.num_heads,
+    num_kv_heads=config.num_kv_heads,
+    head_dim=config.head_dim,
+    rope_theta=10_000.0,
+    max_position_embeddings=2048,
+    bos_token_id=None,
+    eos_token_ids=(1, 0),
+    pad_token_id=0,
+  )
+  ids = [
+    (tokenizer.encode_chat(chat), tokenizer.encode(completion) + [tokenizer.eos_ids[0]])
+    for chat, completion in examples
+  ]
+  model = Qwen(model_config, rngs=nnx.Rngs(config.seed))
+  sft_config = sft.SFTConfig(
+    steps=config.steps,
+    batch_size=config.batch_size,
+    learning_rate=config.learning_rate,
+    warmup_steps=config.warmup_steps,
+    seed=config.seed,
+    log_every=max(1, config.steps // 10),
+  )
+  _log.info("training the tiny solver: %d examples, %d params", len(ids), model_config.num_params)
+  model, history = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id)
+  hf.save_hf(model, path, dtype="float32")
+  tree.save(os.path.join(path, "tree.json"))
+  io.write_json(
+    os.path.join(path, "build.json"),
+    {
+      "config": dataclasses.asdict(config),
+      "version": SOLVER_VERSION,
+      "train_examples": len(ids),
+      "sft": history,
+    },
+  )
