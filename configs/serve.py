@@ -1,0 +1,40 @@
+"""An OpenAI-compatible server over a local checkpoint (lm/server.py, docs/generators.md).
+
+  python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/ckpt/Qwen3-0.6B
+
+Presets: default (a checkpoint you name), tiny (random tiny Qwen3 weights; still needs
+--config.model.tokenizer=DIR), for trying the server out on a CPU.
+"""
+
+import ml_collections
+
+from lm import generators
+
+
+def get_config(arg: str = "default") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  # The local model: an HF checkpoint directory (tokenizer in it unless model.tokenizer is set).
+  c.model = generators.default_config(kind="jax", checkpoint="", dtype="bfloat16")
+  # Fields of lm.server.ServerConfig, except api_key_env: the environment variable holding the
+  # API key clients must send ("" = no key; a named but unset variable is an error).
+  c.server = ml_collections.ConfigDict(
+    dict(
+      model_name="local",
+      host="127.0.0.1",
+      port=8000,
+      api_key_env="",
+      max_body_bytes=1 << 20,
+      max_tokens=4096,
+      default_max_tokens=256,
+      max_n=64,
+      max_prompts=64,
+      batch_window_s=0.01,
+      max_batch_prompts=256,
+    )
+  )
+  if arg == "tiny":
+    c.model.update(preset="tiny_qwen3", dtype="float32")
+    c.server.update(max_tokens=256)
+  elif arg != "default":
+    raise ValueError(f"configs/serve.py: unknown preset {arg!r}")
+  return c
