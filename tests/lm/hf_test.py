@@ -13,9 +13,9 @@ import lm
 from lm.config import ModelConfig
 from tests.lm.hf_helpers import save_tiny
 
-# bfloat16 keeps 8 mantissa bits; logits of these tiny models are O(1), and both our bf16 run and
-# transformers' bf16 run are compared with the float32 reference. Measured: both stay below 0.05.
-BF16_ATOL = 0.1
+# bfloat16 keeps 8 mantissa bits. Both our bf16 run and transformers' bf16 run are compared with the
+# float32 reference; measured on these tiny models: 0.002–0.004 for both (logits are O(1)).
+BF16_ATOL = 0.02
 
 
 def _tokens(batch=3, length=9, vocab=128, seed=0):
