@@ -306,7 +306,10 @@ def _plot_beta(result, game, workdir):
   for panel in panels[-1]:
     panel.set_xlabel("β")
   panels[0, 0].legend(fontsize=7)
-  fig.suptitle("Stable fixed point vs β (lines: numeric on the jax.grad ODE; circles: closed forms)")
+  fig.suptitle(
+    "Fixed point vs β. Lines: stable roots of the jax.grad ODE (numeric); "
+    "circles: closed-form roots (pair/k1's repel)"
+  )
   return _save(fig, workdir, "fixed_points_vs_beta")
 
 

@@ -366,8 +366,8 @@ def fixed_points_over_beta(
   starts = np.concatenate([starts, starts])  # [2N, dim]: once towards attractors, once repellers
   signs = np.repeat([1.0, -1.0], num_starts)
   betas = np.asarray(betas, np.float64)
-  # β padded to a multiple of 16: one compiled program serves every call with up to 16 values.
-  padded = np.concatenate([betas, np.full(-len(betas) % 16, betas[-1])])
+  # β padded to a multiple of 4, so that calls with a few β values share one compiled program.
+  padded = np.concatenate([betas, np.full(-len(betas) % 4, betas[-1])])
   with jax.enable_x64(True):
     thetas, residuals, jacobians = jax.device_get(
       _continuation(
