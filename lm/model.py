@@ -120,6 +120,8 @@ class Qwen(nnx.Module):
     if not config.tie_word_embeddings:
       self.lm_head_vd = nnx.Param(_init_array("normal", rngs.params(), (v, d), param_dtype))
     self.activation_sharding: ActivationSharding | None = None
+    # An `lm.lora.Adapter` (stacked `<weight>_lora_a/_lora_b` entries) or None: see `layer_weights`.
+    self.lora = nnx.data(None)
 
   def __call__(
     self,
@@ -175,7 +177,7 @@ class Qwen(nnx.Module):
     x = self._constrain(x)
     if cache is None:
       hidden = decoder_stack(
-        self.config, self.layers.weights(), x, positions, key_mask, dtype=self.dtype, remat=remat,
+        self.config, self.stacked_layer_weights(), x, positions, key_mask, dtype=self.dtype, remat=remat,
         constrain=self._constrain,
       )
       new_cache = None
@@ -186,9 +188,15 @@ class Qwen(nnx.Module):
       )
     return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
 
+  def stacked_layer_weights(self) -> dict[str, Array]:
+    """Every layer weight stacked on [L], plus the LoRA adapter's entries when one is attached."""
+    if self.lora is None:
+      return self.layers.weights()
+    return {**self.layers.weights(), **self.lora.weights()}
+
   def unstacked_layer_weights(self) -> LayerWeights:
     """Per-layer weight dicts [L] × {name: array without the L axis}."""
-    stacked = self.layers.weights()
+    stacked = self.stacked_layer_weights()
     return [{name: w[i] for name, w in stacked.items()} for i in range(self.config.num_layers)]
 
   def logits(self, hidden: Array) -> Array:
@@ -277,6 +285,24 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
   return out.reshape(b, t, n, h)
 
 
+def project(spec: str, x: Array, w: dict[str, Array], name: str, dtype: Any) -> Array:
+  """`einsum(spec, x, w[name])`, plus the low-rank LoRA update when `w` holds `<name>_lora_a/_b`.
+
+  The adapter factors split the weight's axes: A [in axes..., R] and B [R, out axes...] (B already
+  scaled by alpha / rank), so x·W + (x·A)·B needs no reshape of any weight (see `lm.lora`).
+  """
+  out = jnp.einsum(spec, x, w[name].astype(dtype))
+  if name + "_lora_a" not in w:
+    return out
+  operands, out_axes = spec.split("->")
+  x_axes, w_axes = operands.split(",")
+  kept = "".join(a for a in x_axes if a not in w_axes)  # the batch / sequence axes ("bt")
+  contracted = "".join(a for a in w_axes if a in x_axes)
+  produced = "".join(a for a in w_axes if a not in x_axes)
+  low = jnp.einsum(f"{x_axes},{contracted}r->{kept}r", x, w[name + "_lora_a"].astype(dtype))
+  return out + jnp.einsum(f"{kept}r,r{produced}->{out_axes}", low, w[name + "_lora_b"].astype(dtype))
+
+
 def decoder_layer(
   config: ModelConfig,
   w: dict[str, Array],
@@ -295,9 +321,9 @@ def decoder_layer(
   eps = config.rms_norm_eps
   cast = lambda name: w[name].astype(dtype)
   h = rms_norm(x, w["input_norm_d"], eps)
-  q = jnp.einsum("btd,dnh->btnh", h, cast("q_dnh"))
-  k = jnp.einsum("btd,dkh->btkh", h, cast("k_dkh"))
-  v = jnp.einsum("btd,dkh->btkh", h, cast("v_dkh"))
+  q = project("btd,dnh->btnh", h, w, "q_dnh", dtype)
+  k = project("btd,dkh->btkh", h, w, "k_dkh", dtype)
+  v = project("btd,dkh->btkh", h, w, "v_dkh", dtype)
   if config.qkv_bias:
     q, k, v = q + cast("q_bias_nh"), k + cast("k_bias_kh"), v + cast("v_bias_kh")
   if config.qk_norm:
@@ -313,11 +339,11 @@ def decoder_layer(
     }
     k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
   attn = attention(q, k, v, mask)  # [B, T, N, H]
-  x = x + jnp.einsum("btnh,nhd->btd", attn, cast("o_nhd"))
+  x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
   h = rms_norm(x, w["post_norm_d"], eps)
-  gate = jnp.einsum("btd,df->btf", h, cast("gate_df"))
-  up = jnp.einsum("btd,df->btf", h, cast("up_df"))
-  x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, cast("down_fd"))
+  gate = project("btd,df->btf", h, w, "gate_df", dtype)
+  up = project("btd,df->btf", h, w, "up_df", dtype)
+  x = x + project("btf,fd->btd", jax.nn.silu(gate) * up, w, "down_fd", dtype)
   return x, kv
 
 
