@@ -169,7 +169,7 @@ class JaxGenerator:
     self.sampler = Sampler(model, tokenizer=tokenizer, mesh=mesh, config=sampler_config or SamplerConfig())
     self.sampler_calls = 0
 
-  def encode(self, prompt: Prompt, params: GenerationParams) -> list[int]:
+  def _encode(self, prompt: Prompt, params: GenerationParams) -> list[int]:
     """The prompt's token ids: raw text as is, a conversation through the chat template."""
     if isinstance(prompt, str):
       return self.tokenizer.encode(prompt)
@@ -183,7 +183,7 @@ class JaxGenerator:
   ) -> list[list[Generation]]:
     ns = per_prompt(n, len(prompts), "n")
     ps = per_prompt(params, len(prompts), "params")
-    ids = [self.encode(p, q) for p, q in zip(prompts, ps, strict=True)]
+    ids = [self._encode(p, q) for p, q in zip(prompts, ps, strict=True)]
     empty = [i for i, x in enumerate(ids) if not x]
     if empty:
       raise ValueError(f"prompts {empty} encode to no tokens")
@@ -237,7 +237,7 @@ class OpenAIGenerator:
 
   Per-sample `completion_tokens` is the number of log-probs when the server returns them; otherwise
   the response's total spread evenly over its n samples (servers report usage per request), so sums
-  over samples are exact either way.
+  over samples match the server's count either way.
   """
 
   def __init__(

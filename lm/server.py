@@ -503,8 +503,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       raise ApiError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
     return self.rfile.read(int(length))
 
-  def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
-    logging.debug("%s " + format, self.address_string(), *args)
+  def log_message(self, fmt: str, *args) -> None:
+    logging.debug("%s " + fmt, self.address_string(), *args)
 
 
 def server_from_config(config: ml_collections.ConfigDict) -> OpenAIServer:
