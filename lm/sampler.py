@@ -67,11 +67,14 @@ class SamplerConfig:
     min_prompt_bucket: smallest padded prompt length; buckets grow in powers of two.
     step_bucket: `max_new_tokens` is rounded up to a multiple of this (the loop still stops at
       the requested count; only buffer shapes are rounded).
+    min_rows: smallest prompt-row bucket (a server sees batches of every size: a floor of 8
+      compiles one shape for all batches up to 8 prompts).
     max_rows: most decode rows (prompts × n) in one device call; larger requests are chunked.
     cache_dtype: KV-cache dtype (default: the model's compute dtype).
   """
 
   min_prompt_bucket: int = 16
+  min_rows: int = 1
   step_bucket: int = 64
   max_rows: int = 256
   cache_dtype: Any = None
@@ -109,7 +112,7 @@ class Sampler:
     self,
     prompts: Sequence[Sequence[int]],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     n: int = 1,
     temperature: float | Sequence[float] = 1.0,
     top_p: float | Sequence[float] = 1.0,
@@ -122,7 +125,7 @@ class Sampler:
 
     Args:
       prompts: token-id lists (at least one token each).
-      max_new_tokens: most tokens generated per sample.
+      max_new_tokens: most tokens generated per sample, for every prompt or one per prompt.
       n: samples per prompt (they share one prefill).
       temperature, top_p, top_k, seed: a scalar for every prompt or one value per prompt;
         temperature 0 is greedy, top_k 0 and top_p 1 disable truncation.
@@ -135,15 +138,16 @@ class Sampler:
       return SamplerOutput([], [], [], [], [] if self.tokenizer else None)
     if any(len(p) == 0 for p in prompts):
       raise ValueError("every prompt needs at least one token")
-    if max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     num = len(prompts)
     per_prompt = {
+      "max_new_tokens": _per_prompt(max_new_tokens, num, "max_new_tokens", int),
       "temperature": _per_prompt(temperature, num, "temperature", float),
       "top_p": _per_prompt(top_p, num, "top_p", float),
       "top_k": _per_prompt(top_k, num, "top_k", int),
       "seed": _per_prompt(seed, num, "seed", int),
     }
+    if min(per_prompt["max_new_tokens"]) < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {min(per_prompt['max_new_tokens'])}")
     stop_strings = [s for s in stop if isinstance(s, str)]
     if stop_strings and self.tokenizer is None:
       raise ValueError("stop strings need a Sampler built with a tokenizer")
@@ -157,7 +161,6 @@ class Sampler:
         prompts[idx],
         {k: v[idx] for k, v in per_prompt.items()},
         n,
-        max_new_tokens,
         tuple(eos_ids),
         stop_ids,
         stop_strings,
@@ -166,15 +169,15 @@ class Sampler:
     return out
 
   def _generate_chunk(
-    self, prompts, params, n, max_new_tokens, eos_ids, stop_ids, stop_strings, out: SamplerOutput
+    self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput
   ) -> None:
     num = len(prompts)
     batch_multiple = 1
     if self.mesh is not None:
       batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
-    rows = _round_up(_bucket(num, 1), batch_multiple)
+    rows = _round_up(_bucket(num, self.config.min_rows), batch_multiple)
     prompt_len = _bucket(max(len(p) for p in prompts), self.config.min_prompt_bucket)
-    steps = _round_up(max_new_tokens, self.config.step_bucket)
+    steps = _round_up(max(params["max_new_tokens"]), self.config.step_bucket)
     tokens = np.full((rows, prompt_len), self.pad_id, np.int32)
     mask = np.zeros((rows, prompt_len), np.int32)
     for i, p in enumerate(prompts):
@@ -184,8 +187,9 @@ class Sampler:
     def padded(values, fill, dtype):
       return np.asarray(list(values) + [fill] * (rows - num), dtype)
 
-    stop_len = max([len(s) for s in stop_ids], default=1)
-    stop_table = np.full((max(len(stop_ids), 1), stop_len), -1, np.int32)
+    # Stop tables come in bucketed shapes so a new stop set rarely recompiles.
+    stop_len = _bucket(max([len(s) for s in stop_ids], default=1), 8)
+    stop_table = np.full((_bucket(len(stop_ids), 4), stop_len), -1, np.int32)
     for i, s in enumerate(stop_ids):
       stop_table[i, stop_len - len(s) :] = s
     inputs = dict(
@@ -197,7 +201,7 @@ class Sampler:
       seed=padded(params["seed"], 0, np.uint32),
       eos=np.asarray(list(eos_ids) or [-1], np.int32),
       stop=stop_table,
-      max_new=np.asarray(max_new_tokens, np.int32),
+      max_new=padded(params["max_new_tokens"], 1, np.int32),
     )
     inputs = self._place(inputs)
     fn = _generate_fn(
@@ -287,7 +291,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
       place = lambda v: sharding_lib.named(mesh, shard_config.cache_bksh, v.shape)
       cache = jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, place(v)), cache)
     last_logits, key_mask = rep(last_logits), rep(key_mask)
-    temperature, top_p, top_k = rep(temperature), rep(top_p), rep(top_k)
+    temperature, top_p, top_k, max_new = rep(temperature), rep(top_p), rep(top_k), rep(max_new)
     sample_index = jnp.tile(jnp.arange(n, dtype=jnp.uint32), rows)
     row_keys = jax.vmap(lambda s, j: jax.random.fold_in(jax.random.key(s), j))(rep(seed), sample_index)
     next_pos = rep(jnp.sum(mask, axis=1))  # [B] position of the first new token
@@ -310,7 +314,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
       out = out.at[:, step].set(jnp.where(live & ~is_eos, token, -1))
       out_lp = out_lp.at[:, step].set(jnp.where(live, logprob, 0.0))
       stopped = stopped | (live & (is_eos | hit_stop))
-      done = done | is_eos | hit_stop
+      done = done | is_eos | hit_stop | (step + 1 >= max_new)
       new_logits, cache = model(
         token[:, None],
         positions=(next_pos + step)[:, None],
@@ -323,7 +327,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
 
     def cond_fn(carry):
       step, _, _, done, *_ = carry
-      return (step < max_new) & ~jnp.all(done)
+      return ~jnp.all(done)
 
     carry = (
       jnp.int32(0),

@@ -156,3 +156,13 @@ def test_rejects_bad_requests(checkpoint):
     sampler.generate([[1], [2]], max_new_tokens=2, temperature=[0.5])
   with pytest.raises(ValueError, match="stop strings need a Sampler built with a tokenizer"):
     sampler.generate([[1]], max_new_tokens=2, stop=["x"])
+
+
+def test_per_prompt_max_new_tokens(checkpoint):
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  full = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0)
+  out = sampler.generate(PROMPTS, max_new_tokens=[3, 12, 7], temperature=0.0)
+  assert [len(t[0]) for t in out.tokens] == [3, 12, 7]
+  assert [t[0] for t in out.tokens] == [f[0][:m] for f, m in zip(full.tokens, [3, 12, 7], strict=True)]
+  assert {r[0] for r in out.finish_reasons} == {"length"}
