@@ -36,8 +36,8 @@ def _expected_cost(schedule: tiers.Schedule, exit_tier: str) -> list[tuple[str, 
 
 @pytest.mark.parametrize(
   "schedule",
-  [tiers.Schedule(), tiers.Schedule(pool_reuse=False), tiers.Schedule.best_of_n(5)],
-  ids=["paper", "fresh_pool", "best_of_5"],
+  [tiers.Schedule(), tiers.Schedule.best_of_n(5)],
+  ids=["paper", "best_of_5"],
 )
 def test_each_stage_is_one_call_and_costs_follow_the_schedule(generator, grader, problems, schedule):
   counting = CountingGenerator(generator)

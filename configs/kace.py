@@ -1,0 +1,95 @@
+"""KACE evaluation (docs/kace.md); presets: cpu (default), qwen3_4b, openai.
+
+cpu       a tiny Qwen3-style model the project trains on its own synthetic maths set (built once,
+          cached), evaluated on that set's held-out problems — a few minutes on 2 cores.
+qwen3_4b  a local HF checkpoint through JaxGenerator on a mesh, on MATH levels 4–5:
+          --config.roles.solver.checkpoint=/path/Qwen3-4B --config.data.source=/path/MATH
+openai    any OpenAI-compatible server (vLLM, SGLang, launch/serve.py):
+          --config.roles.solver.base_url=http://host:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B
+"""
+
+import dataclasses
+
+import ml_collections
+
+from kace import cards, projection, synthetic
+from lm import generators
+
+
+def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.methods = ("best_of_n", "tiered", "kace")
+  # Per-method options (kace.methods reads them; issue-6 methods add their own sections).
+  c.best_of_n = ml_collections.ConfigDict(dict(n=5))
+  c.kace = ml_collections.ConfigDict(dict(tree=""))  # an Epistemic Tree JSON file
+  # Fields of kace.tiers.Schedule except the tier ladder (the paper's); see docs/kace.md.
+  c.schedule = ml_collections.ConfigDict(
+    dict(
+      carry_over=False,
+      tie="continue",
+      pool_size=10,
+      pool_reuse=True,
+      pool_reads="HS",
+      pool_vote="plurality",
+      calls="samples",
+    )
+  )
+  c.domains = cards.DEFAULT_DOMAINS
+  c.fallback_domain = ""  # an unusable classifier reply gets this domain ("" = the first domain)
+  c.prompt = ml_collections.ConfigDict(dict(solver=projection.SOLVER_TEMPLATE))
+  # Solver sampling (lm.generators.GenerationParams; seeds are derived per problem and stage).
+  c.sampling = ml_collections.ConfigDict(
+    dict(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, stop=(), enable_thinking=None)
+  )
+  c.classifier_sampling = ml_collections.ConfigDict(
+    dict(max_tokens=32, temperature=0.0, top_p=1.0, top_k=0, stop=(), enable_thinking=False)
+  )
+  # LLM roles (lm.generators.default_config); classifier None: the solver classifies.
+  c.roles = ml_collections.ConfigDict()
+  c.roles.solver = generators.default_config()
+  c.roles.classifier = ml_collections.config_dict.placeholder(ml_collections.ConfigDict)
+  c.data = ml_collections.ConfigDict(
+    dict(
+      name="synthetic",  # synthetic | aime2025 | math | olymmath
+      source="",  # a local file / directory, or a hub name (aime2025 default: opencompass/AIME2025)
+      levels=(4, 5),  # math
+      splits=("EN-EASY", "EN-HARD"),  # olymmath
+      verifiable_only=False,
+      test_fraction=0.0,  # > 0: evaluate on the test half of a seeded split
+      split_seed=42,
+      limit=0,  # > 0: the first `limit` problems by id
+    )
+  )
+  c.eval = ml_collections.ConfigDict(dict(batch_size=64, solve_rate_k=10, bootstrap=2000))
+  c.grader = ml_collections.ConfigDict(dict(workers=2, timeout_s=5.0))
+  # The CPU-scale tiny solver (kace.synthetic.TinySolverConfig fields + where to cache it).
+  c.synthetic = ml_collections.ConfigDict(
+    dict(build_solver=False, cache_dir="~/.cache/kace", **dataclasses.asdict(synthetic.TinySolverConfig()))
+  )
+
+  if arg == "cpu":
+    c.synthetic.build_solver = True  # fills roles.solver.checkpoint and kace.tree
+    c.roles.solver.dtype = "float32"
+    c.roles.solver.sampler = ml_collections.ConfigDict(
+      dict(min_prompt_bucket=64, step_bucket=16, max_rows=512)
+    )
+    c.sampling.update(max_tokens=12, temperature=0.7, top_p=1.0, top_k=0)
+    c.eval.batch_size = 48
+  elif arg == "qwen3_4b":
+    c.data.update(name="math", source="")  # set --config.data.source to a local MATH copy
+    c.roles.solver.update(checkpoint="", tokenizer="", dtype="bfloat16")  # a local Qwen3-4B directory
+    c.roles.solver.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
+    c.roles.solver.sampler = ml_collections.ConfigDict(
+      dict(min_prompt_bucket=256, step_bucket=512, max_rows=256)
+    )
+    c.sampling.update(enable_thinking=True)
+    c.eval.batch_size = 256
+  elif arg == "openai":
+    c.data.update(name="aime2025", source="")
+    c.roles.solver.update(kind="openai", base_url="http://127.0.0.1:8000/v1", model="Qwen/Qwen3-4B")
+    c.roles.solver.cache_dir = ""  # set to cache responses on disk (resume without paying twice)
+    c.eval.batch_size = 500
+  else:
+    raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, qwen3_4b, openai)")
+  return c

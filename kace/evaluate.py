@@ -1,0 +1,342 @@
+"""Resumable KACE evaluation: per-problem records, metrics with bootstrap CIs, a table, plots.
+
+`run(config, workdir)` loads the problems, assigns domains, samples the empirical solve rates,
+solves every problem with every method in `config.methods` (batch by batch, each finished batch
+appended to `records.jsonl`), then computes the metrics from the records on disk and writes
+`metrics.json`, `results.md` and two plots. A killed run restarted on the same workdir skips every
+(method, problem) already recorded, so nothing is solved twice. The record format and the metric
+definitions are in docs/kace.md ("Evaluation").
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+import ml_collections
+import numpy as np
+
+from kace import answers, data, methods, projection, solve, synthetic
+from lm import generators, io
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_log = logging.getLogger(__name__)
+
+RECORDS, SOLVE_RATES, DOMAINS = "records.jsonl", "solve_rates.jsonl", "domains.json"
+TIER_RANK = {t: i for i, t in enumerate(solve.STAGE_ORDER)}
+
+
+# ---- setup -------------------------------------------------------------------------------------------
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """An unlocked copy of `config` with the CPU-scale solver filled in: when `synthetic.build_solver`
+  is set, the tiny solver is built (or found in its cache) and becomes the solver checkpoint, and
+  its demonstration tree the `kace` tree unless one is given."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  if config.synthetic.build_solver:
+    path = synthetic.ensure_tiny_solver(
+      os.path.expanduser(config.synthetic.cache_dir), tiny_solver_config(config)
+    )
+    config.roles.solver.checkpoint = path
+    config.kace.tree = config.kace.tree or os.path.join(path, "tree.json")
+  return config
+
+
+def tiny_solver_config(config: ml_collections.ConfigDict) -> synthetic.TinySolverConfig:
+  fields = {f.name for f in dataclasses.fields(synthetic.TinySolverConfig)}
+  return synthetic.TinySolverConfig(**{k: v for k, v in config.synthetic.to_dict().items() if k in fields})
+
+
+def load_problems(config: ml_collections.ConfigDict, grader: answers.Grader) -> list[data.Problem]:
+  """The evaluation problems `config.data` names, filtered and limited as configured."""
+  d = config.data
+  if d.name == "synthetic":
+    problems = tiny_solver_config(config).problems()[1]
+  elif d.name == "aime2025":
+    problems = data.load_aime2025(d.source or "opencompass/AIME2025")
+  elif d.name == "math":
+    problems = data.load_math(d.source, levels=tuple(d.levels))
+  elif d.name == "olymmath":
+    problems = data.load_olymmath(d.source, splits=tuple(d.splits))
+  else:
+    raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {d.name!r}")
+  if d.verifiable_only:
+    problems = data.verifiable(problems, grader)
+  if d.test_fraction:
+    problems = data.train_test_split(problems, d.test_fraction, d.split_seed)[1]
+  problems = sorted(problems, key=lambda p: p.id)
+  return problems[: d.limit] if d.limit else problems
+
+
+def params(sampling: ml_collections.ConfigDict) -> generators.GenerationParams:
+  return generators.GenerationParams(**{**sampling.to_dict(), "stop": tuple(sampling.stop)})
+
+
+def load_domains(
+  problems: Sequence[data.Problem], config: ml_collections.ConfigDict, classifier, workdir: str
+) -> projection.Domains:
+  """Domains of `problems`, assigned once per run and kept in `domains.json` (a resumed run reuses
+  them, so a classifier's replies cannot change between the halves of a run)."""
+  path = os.path.join(workdir, DOMAINS)
+  saved = io.read_json(path) if os.path.exists(path) else {"of": {}, "source": {}, "replies": {}}
+  todo = [p for p in problems if p.id not in saved["of"]]
+  if todo:
+    new = projection.assign_domains(
+      todo,
+      tuple(config.domains),
+      classifier(),
+      params(config.classifier_sampling),
+      fallback=config.fallback_domain or None,
+    )
+    for key in ("of", "source", "replies"):
+      saved[key].update(getattr(new, key))
+    io.write_json(path, saved)
+  pick = lambda key: {p.id: saved[key][p.id] for p in problems if p.id in saved[key]}
+  return projection.Domains(pick("of"), pick("source"), pick("replies"))
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
+  """Evaluates every method of `config.methods` into `workdir`; returns the metrics per method."""
+  config = resolve(config)
+  built = [methods.build(name, config) for name in config.methods]
+  with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
+    problems = load_problems(config, grader)
+    _log.info("%d problems, methods %s", len(problems), list(config.methods))
+    solver = generators.make_generator(config.roles.solver)
+    classifier = lambda: (
+      generators.make_generator(config.roles.classifier) if config.roles.classifier else solver
+    )
+    domains = load_domains(problems, config, classifier, workdir)
+    sampling = params(config.sampling)
+    if config.eval.solve_rate_k:
+      run_solve_rates(problems, solver, grader, config, sampling, workdir)
+    for method in built:
+      run_method(method, problems, domains, solver, grader, config, sampling, workdir)
+  return report(config, problems, workdir)
+
+
+def _batches(items: Sequence, size: int) -> list[Sequence]:
+  return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _recorded(path: str, key) -> set:
+  io.repair_jsonl(path)  # a kill mid-append leaves a torn last line; later appends start clean
+  return {key(r) for r in io.read_jsonl(path)}
+
+
+def run_solve_rates(problems, solver, grader, config, sampling, workdir) -> None:
+  """Appends `solve_rates.jsonl` for problems without one (k samples each, batch by batch)."""
+  path = os.path.join(workdir, SOLVE_RATES)
+  done = _recorded(path, lambda r: r["id"])
+  todo = [p for p in problems if p.id not in done]
+  progress = solve.Progress(len(problems), "solve rates", {"POOL": len(problems) - len(todo)})
+  for batch in _batches(todo, config.eval.batch_size):
+    progress.stage(f"k={config.eval.solve_rate_k}", len(batch))
+    rates = solve.solve_rates(
+      batch,
+      generator=solver,
+      grader=grader,
+      k=config.eval.solve_rate_k,
+      params=sampling,
+      template=methods.template(config),
+      seed=config.seed,
+    )
+    io.append_jsonl(path, rates)
+    progress.finished(["POOL"] * len(batch))
+  progress.close()
+
+
+def run_method(method, problems, domains, solver, grader, config, sampling, workdir) -> None:
+  """Appends a record per problem not yet solved by `method`, one batch of problems at a time."""
+  path = os.path.join(workdir, RECORDS)
+  done = {i for m, i in _recorded(path, lambda r: (r["method"], r["id"])) if m == method.name}
+  todo = [p for p in problems if p.id not in done]
+  tally = collections.Counter(r["exit_tier"] for r in io.read_jsonl(path) if r["method"] == method.name)
+  progress = solve.Progress(len(problems), method.name, tally)
+  for batch in _batches(todo, config.eval.batch_size):
+    solutions = solve.solve(
+      batch,
+      domains.of,
+      generator=solver,
+      grader=grader,
+      schedule=method.schedule,
+      params=sampling,
+      context=method.context,
+      template=method.template,
+      seed=config.seed,
+      progress=progress,
+    )
+    io.append_jsonl(path, [record(method.name, p, s, domains) for p, s in zip(batch, solutions, strict=True)])
+  progress.close()
+
+
+def record(method: str, problem: data.Problem, solution: solve.Solution, domains: projection.Domains) -> dict:
+  """One `records.jsonl` line: the method, the problem's labels, and the whole solution."""
+  meta = {"method": method, "source": problem.source, "subject": problem.subject, "level": problem.level}
+  return {**meta, "domain_source": domains.source[problem.id], **dataclasses.asdict(solution)}
+
+
+# ---- metrics -----------------------------------------------------------------------------------------
+
+
+def bootstrap_ci(values: Sequence[float], *, samples: int = 2000, level: float = 0.95, seed: int = 0):
+  """Percentile bootstrap CI of the mean: (low, high); (nan, nan) without values."""
+  x = np.asarray(values, dtype=float)
+  if x.size == 0:
+    return float("nan"), float("nan")
+  means = np.random.default_rng(seed).choice(x, size=(samples, x.size), replace=True).mean(axis=1)
+  tail = (1 - level) / 2 * 100
+  return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderPreservation:
+  """Pairwise concordance between exit tier and empirical solve rate.
+
+  Over all pairs of problems whose solve rates differ AND whose exit tiers differ, a pair is
+  concordant when the problem with the higher solve rate exited at the easier (earlier) tier. Pairs
+  tied on either side carry no order information and are left out (as in Goodman–Kruskal's gamma);
+  `tied` counts them. `rate` is concordant / compared (None when no pair can be compared).
+  """
+
+  concordant: int
+  compared: int
+  tied: int
+
+  @property
+  def rate(self) -> float | None:
+    return self.concordant / self.compared if self.compared else None
+
+
+def order_preservation(exit_tiers: Sequence[str], solve_rates: Sequence[float]) -> OrderPreservation:
+  """Concordance of exit tier (ES < MS < HS < POOL) with solve rate; see `OrderPreservation`."""
+  ranks = [TIER_RANK[t] for t in exit_tiers]
+  concordant = compared = tied = 0
+  for i in range(len(ranks)):
+    for j in range(i + 1, len(ranks)):
+      if ranks[i] == ranks[j] or solve_rates[i] == solve_rates[j]:
+        tied += 1
+        continue
+      compared += 1
+      concordant += (ranks[i] < ranks[j]) == (solve_rates[i] > solve_rates[j])
+  return OrderPreservation(concordant, compared, tied)
+
+
+def method_metrics(
+  records: Sequence[Mapping[str, Any]], rates: Mapping[str, float], *, bootstrap: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+  """Metrics of one method's records (see docs/kace.md, "Metrics")."""
+  correct = [float(r["correct"]) for r in records]
+  low, high = bootstrap_ci(correct, samples=bootstrap, seed=seed)
+  exits = collections.Counter(r["exit_tier"] for r in records)
+  rated = [r for r in records if r["id"] in rates]
+  order = order_preservation([r["exit_tier"] for r in rated], [rates[r["id"]] for r in rated])
+  mean = lambda key: float(np.mean([r[key] for r in records])) if records else float("nan")
+  return {
+    "problems": len(records),
+    "accuracy": mean("correct"),
+    "ci_low": low,
+    "ci_high": high,
+    "mean_calls": mean("calls"),
+    "mean_completion_tokens": mean("completion_tokens"),
+    "mean_prompt_tokens": mean("prompt_tokens"),
+    "exit_tiers": {t: exits[t] for t in solve.STAGE_ORDER if exits[t]},
+    "order_preservation": order.rate,
+    "order_pairs": {"concordant": order.concordant, "compared": order.compared, "tied": order.tied},
+  }
+
+
+def report(config: ml_collections.ConfigDict, problems: Sequence[data.Problem], workdir: str) -> dict:
+  """Metrics from the records on disk (for `problems` only) → metrics.json, results.md, plots."""
+  ids = {p.id for p in problems}
+  records = [r for r in io.read_jsonl(os.path.join(workdir, RECORDS)) if r["id"] in ids]
+  rates = {r["id"]: r["correct"] / r["k"] for r in io.read_jsonl(os.path.join(workdir, SOLVE_RATES))}
+  by_method = {name: [r for r in records if r["method"] == name] for name in config.methods}
+  metrics = {
+    name: method_metrics(rs, rates, bootstrap=config.eval.bootstrap, seed=config.seed)
+    for name, rs in by_method.items()
+  }
+  io.write_json(os.path.join(workdir, "metrics.json"), metrics)
+  io.atomic_write_text(os.path.join(workdir, "results.md"), results_table(metrics, config, len(problems)))
+  plot_accuracy_vs_calls(metrics, os.path.join(workdir, "accuracy_vs_calls.png"))
+  plot_tier_vs_solve_rate(by_method, rates, os.path.join(workdir, "exit_tier_vs_solve_rate.png"))
+  return metrics
+
+
+def results_table(metrics: Mapping[str, Mapping[str, Any]], config: ml_collections.ConfigDict, n: int) -> str:
+  """The Markdown results table (one row per method)."""
+  k = config.eval.solve_rate_k
+  lines = [
+    f"# KACE evaluation: {config.data.name}, {n} problems",
+    "",
+    f"Accuracy with a percentile-bootstrap 95% CI ({config.eval.bootstrap} resamples); calls = sampled "
+    f"completions per problem; order preservation = pairwise concordance of exit tier with the solve "
+    f"rate from k={k} samples (pairs tied on either side left out).",
+    "",
+    "| method | accuracy | 95% CI | mean calls | mean tokens (completion / prompt) | exit tiers "
+    "| order preservation |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for name, m in metrics.items():
+    tiers_text = " ".join(f"{t}:{c}" for t, c in m["exit_tiers"].items())
+    order = (
+      "–"
+      if m["order_preservation"] is None
+      else f"{100 * m['order_preservation']:.1f}% ({m['order_pairs']['compared']} pairs)"
+    )
+    lines.append(
+      f"| {name} | {100 * m['accuracy']:.1f}% | [{100 * m['ci_low']:.1f}, {100 * m['ci_high']:.1f}] "
+      f"| {m['mean_calls']:.2f} | {m['mean_completion_tokens']:.1f} / {m['mean_prompt_tokens']:.1f} "
+      f"| {tiers_text} | {order} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def plot_accuracy_vs_calls(metrics: Mapping[str, Mapping[str, Any]], path: str) -> None:
+  fig, ax = plt.subplots(figsize=(5, 4))
+  for name, m in metrics.items():
+    err = [[m["accuracy"] - m["ci_low"]], [m["ci_high"] - m["accuracy"]]]
+    ax.errorbar([m["mean_calls"]], [m["accuracy"]], yerr=err, fmt="o", capsize=4, label=name)
+  ax.set_xlabel("mean solver calls per problem")
+  ax.set_ylabel("accuracy (95% bootstrap CI)")
+  ax.set_ylim(0, 1)
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_tier_vs_solve_rate(
+  by_method: Mapping[str, Sequence[Mapping]], rates: Mapping[str, float], path: str
+) -> None:
+  """Solve rate of the problems exiting at each tier, one panel per method (jittered points + mean)."""
+  names = [n for n, rs in by_method.items() if rs] or list(by_method)
+  fig, axes = plt.subplots(
+    1, max(1, len(names)), figsize=(3.2 * max(1, len(names)), 3.4), sharey=True, squeeze=False
+  )
+  rng = np.random.default_rng(0)
+  for ax, name in zip(axes[0], names, strict=False):
+    for rank, tier in enumerate(solve.STAGE_ORDER):
+      ys = [rates[r["id"]] for r in by_method[name] if r["exit_tier"] == tier and r["id"] in rates]
+      if ys:
+        ax.scatter(rank + rng.uniform(-0.15, 0.15, len(ys)), ys, s=10, alpha=0.5)
+        ax.hlines(np.mean(ys), rank - 0.3, rank + 0.3, color="k")
+    ax.set_xticks(range(len(solve.STAGE_ORDER)), solve.STAGE_ORDER)
+    ax.set_title(name)
+    ax.set_xlabel("exit tier")
+  axes[0][0].set_ylabel("empirical solve rate")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

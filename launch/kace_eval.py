@@ -1,0 +1,25 @@
+"""Evaluates KACE and its baselines into a run directory. See configs/kace.py and docs/kace.md.
+
+python -m launch.kace_eval --workdir=/tmp/kace_run                      # CPU scale, a few minutes
+python -m launch.kace_eval --config=configs/kace.py:openai --workdir=... --config.roles.solver.base_url=...
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from kace import evaluate
+from lm import io, sharding
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
+
+
+def main(_):
+  sharding.initialize_distributed()
+  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  evaluate.run(_CONFIG.value, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["workdir"])
+  app.run(main)

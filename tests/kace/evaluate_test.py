@@ -1,0 +1,137 @@
+"""Metrics on hand-built records, the method registry, and a killed evaluation that resumes."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import configs.kace
+from kace import evaluate, methods, synthetic
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize(
+  "exit_tiers, rates, expected",
+  [
+    (["ES", "MS", "HS", "POOL"], [0.9, 0.6, 0.3, 0.0], (6, 6, 0)),  # perfectly ordered
+    (["ES", "MS", "HS", "POOL"], [0.0, 0.3, 0.6, 0.9], (0, 6, 0)),  # perfectly reversed
+    (["ES", "MS", "HS"], [0.5, 0.8, 0.1], (2, 3, 0)),  # one discordant pair
+    (["ES", "ES", "MS"], [0.9, 0.5, 0.5], (1, 1, 2)),  # a tier tie and a rate tie are left out
+    (["HS", "HS"], [0.1, 0.9], (0, 0, 1)),  # nothing comparable
+  ],
+)
+def test_order_preservation_on_hand_built_cases(exit_tiers, rates, expected):
+  order = evaluate.order_preservation(exit_tiers, rates)
+  assert (order.concordant, order.compared, order.tied) == expected
+  assert order.rate == (expected[0] / expected[1] if expected[1] else None)
+
+
+def test_bootstrap_ci_contains_the_mean_and_narrows_with_data():
+  values = [1.0] * 7 + [0.0] * 3
+  low, high = evaluate.bootstrap_ci(values, samples=1000, seed=1)
+  assert 0.0 <= low < 0.7 < high <= 1.0
+  assert evaluate.bootstrap_ci(values, samples=1000, seed=1) == (low, high)
+  wide, narrow = high - low, evaluate.bootstrap_ci(values * 20, samples=1000, seed=1)
+  assert narrow[1] - narrow[0] < wide / 2
+  assert evaluate.bootstrap_ci([1.0] * 5) == (1.0, 1.0)
+  assert all(math.isnan(x) for x in evaluate.bootstrap_ci([]))
+
+
+def _record(pid, exit_tier, correct, calls, tokens):
+  return {
+    "id": pid,
+    "exit_tier": exit_tier,
+    "correct": correct,
+    "calls": calls,
+    "completion_tokens": tokens,
+    "prompt_tokens": 10 * calls,
+  }
+
+
+def test_method_metrics_on_hand_built_records():
+  records = [
+    _record("a", "ES", True, 2, 20),
+    _record("b", "MS", True, 5, 50),
+    _record("c", "HS", False, 10, 100),
+    _record("d", "POOL", False, 10, 90),
+  ]
+  rates = {"a": 1.0, "b": 0.8, "c": 0.2, "d": 0.4}  # c and d out of order
+  m = evaluate.method_metrics(records, rates, bootstrap=500)
+  assert m["problems"] == 4 and m["accuracy"] == 0.5
+  assert m["ci_low"] <= 0.5 <= m["ci_high"]
+  assert m["mean_calls"] == 6.75 and m["mean_completion_tokens"] == 65.0 and m["mean_prompt_tokens"] == 67.5
+  assert m["exit_tiers"] == {"ES": 1, "MS": 1, "HS": 1, "POOL": 1}
+  assert m["order_pairs"] == {"concordant": 5, "compared": 6, "tied": 0}
+  assert m["order_preservation"] == pytest.approx(5 / 6)
+  config = configs.kace.get_config()
+  table = evaluate.results_table({"tiered": m}, config, 4)
+  assert "| tiered | 50.0% |" in table and "83.3% (6 pairs)" in table
+
+
+def test_registry_names_unknown_methods_and_refuses_duplicates():
+  config = configs.kace.get_config()
+  assert methods.build("best_of_n", config).schedule.pool_size == 5
+  assert methods.build("tiered", config).schedule.tiers[0].name == "ES"
+  with pytest.raises(ValueError, match="registered: best_of_n"):
+    methods.build("nope", config)
+  with pytest.raises(ValueError, match="config.kace.tree"):
+    methods.build("kace", config)
+  with pytest.raises(ValueError, match="twice"):
+    methods.register("tiered")(methods.tiered)
+
+
+def _eval_command(workdir, checkpoint, tree):
+  return [
+    sys.executable, "-m", "launch.kace_eval", f"--workdir={workdir}",
+    "--config.synthetic.build_solver=False", f"--config.roles.solver.checkpoint={checkpoint}",
+    f"--config.kace.tree={tree}", '--config.methods=("tiered","kace")',
+    "--config.synthetic.per_cell=2", "--config.synthetic.test_per_cell=1", "--config.data.limit=6",
+    "--config.eval.batch_size=2", "--config.eval.solve_rate_k=2", "--config.eval.bootstrap=100",
+    "--config.sampling.max_tokens=6", "--config.grader.workers=1",
+  ]  # fmt: skip
+
+
+def _lines(path):
+  return open(path).read().splitlines() if os.path.exists(path) else []
+
+
+def test_a_killed_run_resumes_without_solving_anything_twice(tmp_path, tiny_checkpoint):
+  tree = str(tmp_path / "tree.json")
+  synthetic.demo_tree().save(tree)
+  workdir = tmp_path / "run"
+  records = workdir / "records.jsonl"
+  command = _eval_command(workdir, tiny_checkpoint, tree)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
+  first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 240
+  while len(_lines(records)) < 2 and first.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  first.send_signal(signal.SIGKILL)
+  _, stderr = first.communicate()
+  before = _lines(records)
+  assert 2 <= len(before) < 12, stderr.decode()[-3000:]
+
+  subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=240)
+  after = [json.loads(line) for line in _lines(records)]
+  assert _lines(records)[: len(before) - 1] == before[:-1]  # finished records kept (the last may be torn)
+  keys = [(r["method"], r["id"]) for r in after]
+  assert len(keys) == len(set(keys)) == 12  # 6 problems x 2 methods, each solved once
+  rates = [json.loads(line)["id"] for line in _lines(workdir / "solve_rates.jsonl")]
+  assert len(rates) == len(set(rates)) == 6
+  metrics = json.loads((workdir / "metrics.json").read_text())
+  assert set(metrics) == {"tiered", "kace"} and all(m["problems"] == 6 for m in metrics.values())
+  assert all(st["cards"] for r in after if r["method"] == "kace" for st in r["stages"] if st["stage"] == "MS")
+  for name in (
+    "results.md",
+    "accuracy_vs_calls.png",
+    "exit_tier_vs_solve_rate.png",
+    "domains.json",
+    "config.json",
+  ):
+    assert (workdir / name).exists(), name
