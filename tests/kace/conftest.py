@@ -25,3 +25,15 @@ def tiny_checkpoint(tmp_path_factory):
   model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=load_tokenizer(path).vocab_size), rngs=nnx.Rngs(0))
   lm.save_hf(model, path)
   return path
+
+
+@pytest.fixture(scope="session")
+def tiny_generator(tiny_checkpoint):
+  """A JaxGenerator over `tiny_checkpoint` whose row and prompt buckets are floored, so batches of
+  any size up to 8 problems and prompts with or without cards share compiled shapes."""
+  from lm import generators
+
+  sampler = dict(min_prompt_bucket=256, min_rows=8, step_bucket=8, max_rows=512)
+  return generators.make_generator(
+    generators.default_config(checkpoint=tiny_checkpoint, dtype="float32", sampler=sampler)
+  )

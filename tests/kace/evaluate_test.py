@@ -94,6 +94,7 @@ def _eval_command(workdir, checkpoint, tree):
     "--config.synthetic.per_cell=2", "--config.synthetic.test_per_cell=1", "--config.data.limit=6",
     "--config.eval.batch_size=2", "--config.eval.solve_rate_k=2", "--config.eval.bootstrap=100",
     "--config.sampling.max_tokens=6", "--config.grader.workers=1",
+    "--config.roles.solver.sampler.min_prompt_bucket=256", "--config.roles.solver.sampler.step_bucket=8",
   ]  # fmt: skip
 
 

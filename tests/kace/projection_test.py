@@ -29,12 +29,10 @@ def test_parse_domain(reply, expected):
   assert projection.parse_domain(reply, cards.DEFAULT_DOMAINS) == expected
 
 
-def test_labels_first_then_one_classifier_call_with_counted_fallback(tiny_checkpoint):
+def test_labels_first_then_one_classifier_call_with_counted_fallback(tiny_generator):
   labelled = [_problem("a", "Geometry"), _problem("b", "Number Theory")]
   unlabelled = [_problem("c"), _problem("d"), _problem("e", "Basket weaving")]
-  solver = CountingGenerator(
-    generators.make_generator(generators.default_config(checkpoint=tiny_checkpoint, dtype="float32"))
-  )
+  solver = CountingGenerator(tiny_generator)
   params = generators.GenerationParams(max_tokens=4, temperature=0.0)
   result = projection.assign_domains(
     labelled + unlabelled, cards.DEFAULT_DOMAINS, solver, params, fallback="combinatorics"

@@ -13,11 +13,6 @@ PARAMS = generators.GenerationParams(max_tokens=8, temperature=1.0)
 
 
 @pytest.fixture(scope="module")
-def generator(tiny_checkpoint):
-  return generators.make_generator(generators.default_config(checkpoint=tiny_checkpoint, dtype="float32"))
-
-
-@pytest.fixture(scope="module")
 def problems():
   return synthetic.generate(per_cell=1, seed=0)[:6]
 
@@ -39,10 +34,10 @@ def _expected_cost(schedule: tiers.Schedule, exit_tier: str) -> list[tuple[str, 
   [tiers.Schedule(), tiers.Schedule.best_of_n(5)],
   ids=["paper", "best_of_5"],
 )
-def test_each_stage_is_one_call_and_costs_follow_the_schedule(generator, grader, problems, schedule):
-  counting = CountingGenerator(generator)
+def test_each_stage_is_one_call_and_costs_follow_the_schedule(tiny_generator, grader, problems, schedule):
+  counting = CountingGenerator(tiny_generator)
   domains = {p.id: p.domain for p in problems}
-  sampler_calls = generator.sampler_calls
+  sampler_calls = tiny_generator.sampler_calls
   solutions = solve.solve(
     problems, domains, generator=counting, grader=grader, schedule=schedule, params=PARAMS
   )
@@ -51,7 +46,7 @@ def test_each_stage_is_one_call_and_costs_follow_the_schedule(generator, grader,
   open_at = collections.Counter(st.stage for s in solutions for st in s.stages)
   n_at = {st.stage: len(st.samples) for s in solutions for st in s.stages}
   assert counting.calls == [(open_at[stage], n_at[stage]) for stage in solve.STAGE_ORDER if stage in open_at]
-  assert generator.sampler_calls - sampler_calls == len(counting.calls)  # one device call each
+  assert tiny_generator.sampler_calls - sampler_calls == len(counting.calls)  # one device call each
   for s in solutions:
     drawn = [(st.stage, len(st.samples)) for st in s.stages]
     assert drawn == _expected_cost(schedule, s.exit_tier)
@@ -63,13 +58,13 @@ def test_each_stage_is_one_call_and_costs_follow_the_schedule(generator, grader,
 
 
 def test_cards_in_context_are_recorded_per_stage_and_samples_do_not_depend_on_the_batch(
-  generator, grader, problems
+  tiny_generator, grader, problems
 ):
   tree = synthetic.demo_tree()
   domains = {p.id: p.domain for p in problems}
   # pool_size 15 forces fresh pool samples for problems that reach the pool (they read HS cards).
   schedule = tiers.Schedule(pool_size=15)
-  kwargs = dict(generator=generator, grader=grader, schedule=schedule, params=PARAMS, seed=3)
+  kwargs = dict(generator=tiny_generator, grader=grader, schedule=schedule, params=PARAMS, seed=3)
   batched = solve.solve(problems, domains, context=projection.TreeContext(tree), **kwargs)
   for p, s in zip(problems, batched, strict=True):
     for st in s.stages:
@@ -87,8 +82,8 @@ def test_cards_in_context_are_recorded_per_stage_and_samples_do_not_depend_on_th
   ]
 
 
-def test_solve_rates_are_one_call_of_k_samples(generator, grader, problems):
-  counting = CountingGenerator(generator)
+def test_solve_rates_are_one_call_of_k_samples(tiny_generator, grader, problems):
+  counting = CountingGenerator(tiny_generator)
   rates = solve.solve_rates(problems, generator=counting, grader=grader, k=4, params=PARAMS)
   assert counting.calls == [(len(problems), 4)]
   assert [r.id for r in rates] == [p.id for p in problems]
