@@ -1,0 +1,170 @@
+"""DPA-GRPO and its baselines on tax forms (docs/dpa_grpo.md).
+
+Presets (`--config=configs/dpa_grpo.py:<preset>`):
+  cpu (default)   tiny Qwen3-style model on synthetic TY24 forms, LoRA, CPU-sized everything
+  tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
+  qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
+  qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
+A preset may add a method to a CPU run too: cpu_grpo, tiny_dapo, ...
+Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.data.root=...
+"""
+
+import ml_collections
+
+from dpa_grpo import losses
+
+_METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
+
+
+def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
+  size, _, method = preset.partition("_") if not preset.startswith("qwen3_") else _split_qwen(preset)
+  method = method or "dpa_grpo"
+  if method not in _METHODS:
+    raise ValueError(
+      f"configs/dpa_grpo.py: unknown method {method!r} in preset {preset!r}; one of {_METHODS}"
+    )
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.method = method
+  # Backbone: an HF checkpoint directory, or (empty) a preset of lm.config.ModelConfig initialised
+  # from the seed with `overrides` (vocab / eos / pad default to the tokenizer's).
+  c.model = ml_collections.ConfigDict(
+    dict(preset="tiny_qwen3", checkpoint="", tokenizer="", dtype="float32", overrides={})
+  )
+  # Cases: TaxCalcBench at `root` (…/tax_calc_bench/ty24/test_data), else synthetic forms.
+  c.data = ml_collections.ConfigDict(
+    dict(
+      root="",
+      synthetic=dict(n=50, seed=0, difficulty=0),
+      test_fraction=0.2,
+      split_seed=42,
+      batch_cases=4,  # cases per training step (each gives one decision unit per line)
+    )
+  )
+  # Fields of dpa_grpo.rollout.RolloutConfig; lines=() means all 19 in form order.
+  c.rollout = ml_collections.ConfigDict(
+    dict(
+      lines=(),
+      answer_format="line",
+      temperature=0.2,
+      top_p=0.9,
+      top_k=0,
+      revisions=5,
+      revision_temperature=0.7,
+      keep_rule="majority",
+      explore=0.4,
+      max_new_tokens=2048,
+      verdict_tokens=512,
+      decision_tokens=16,
+      tolerance=0.0,
+      compact_forms=False,
+      enable_thinking=False,
+      invalid_verdict_action="SAC",
+      invalid_decision_action="KEEP",
+      group_size=8,
+    )
+  )
+  # DPA-GRPO loss (dpa_grpo.losses): β, KL estimator (k1 = the reference code; k3; exact), weighting
+  # of the pair (pair = the paper's mean; policy = on-policy expectation), component weights.
+  c.loss = ml_collections.ConfigDict(
+    dict(
+      beta=0.04,
+      kl="k1",
+      weighting="pair",
+      decision_weight=1.0,
+      proposal_weight=1.0,
+      invalid_penalty=0.1,
+      vocab_chunk=8192,
+    )
+  )
+  paper = losses.BaselineConfig.paper(method if method in losses.BASELINES else "grpo")
+  c.baseline = ml_collections.ConfigDict(
+    dict(beta=paper.beta, eps_low=paper.eps_low, eps_high=paper.eps_high, overlong_cache=512)
+  )
+  c.lora = ml_collections.ConfigDict(
+    dict(
+      enabled=True, rank=16, alpha=32.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dtype="float32"
+    )
+  )
+  c.optim = ml_collections.ConfigDict(
+    dict(
+      lr=1e-5,
+      schedule="constant",
+      warmup_steps=0,
+      end_lr=0.0,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      weight_decay=0.0,
+      max_grad_norm=1.0,
+    )
+  )
+  c.train = ml_collections.ConfigDict(
+    dict(
+      steps=30,
+      eval_every=5,
+      patience=2,
+      checkpoint_every=5,
+      keep_checkpoints=2,
+      pairs_per_chunk=32,  # items per gradient-accumulation chunk (rounded to the mesh's batch axes)
+      groups_per_chunk=4,
+      export_hf=False,
+      progress=True,
+    )
+  )
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
+
+  if size == "cpu":
+    c.model.overrides = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
+    c.rollout.update(
+      compact_forms=True, max_new_tokens=48, verdict_tokens=48, decision_tokens=12, revisions=3, group_size=4
+    )
+    c.optim.lr = 1e-3
+    c.lora.update(rank=8, alpha=16.0)
+    c.train.update(steps=30, eval_every=5, checkpoint_every=5, pairs_per_chunk=16)
+  elif size == "tiny":
+    c.data.synthetic = dict(n=6, seed=0, difficulty=0)
+    c.data.batch_cases = 2
+    c.rollout.update(
+      lines=("1a", "9"),
+      compact_forms=True,
+      max_new_tokens=8,
+      verdict_tokens=8,
+      decision_tokens=4,
+      revisions=2,
+      group_size=2,
+      temperature=1.0,
+    )
+    c.loss.vocab_chunk = 512
+    c.baseline.overlong_cache = 4
+    c.optim.lr = 1e-2
+    c.lora.update(rank=2, alpha=4.0)
+    c.train.update(
+      steps=2, eval_every=2, patience=2, checkpoint_every=1, pairs_per_chunk=8, groups_per_chunk=4
+    )
+    c.train.progress = False
+  elif size in ("qwen3_4b", "qwen3_8b"):
+    c.model.preset = size
+    c.model.dtype = "bfloat16"
+    c.data.batch_cases = 4
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tp=1))
+  else:
+    raise ValueError(f"configs/dpa_grpo.py: unknown preset {preset!r}")
+  if method == "zero_shot":
+    c.train.steps = 0
+  return c
+
+
+def _split_qwen(preset: str) -> tuple[str, str, str]:
+  """ "qwen3_4b_grpo" -> ("qwen3_4b", "_", "grpo"); "qwen3_4b" -> ("qwen3_4b", "", "")."""
+  parts = preset.split("_")
+  size = "_".join(parts[:2])
+  method = "_".join(parts[2:])
+  return size, "_" if method else "", method
+
+
+def get_sweep(h):
+  """β × KL estimator for DPA-GRPO (launch/sweep.py)."""
+  return h.product(
+    [h.sweep("config.loss.kl", ["k1", "k3", "exact"]), h.sweep("config.loss.beta", [0.01, 0.04, 0.16])]
+  )

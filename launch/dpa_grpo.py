@@ -1,0 +1,27 @@
+"""Trains generator and verifier with DPA-GRPO (or a baseline). See configs/dpa_grpo.py, docs/dpa_grpo.md.
+
+  python -m launch.dpa_grpo --workdir=/tmp/dpa --config.model.tokenizer=/path/to/tokenizer
+  python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=... \
+      --config.model.checkpoint=/models/Qwen3-4B --config.data.root=.../ty24/test_data
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from dpa_grpo import train
+from lm import io, sharding
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
+
+
+def main(argv):
+  del argv
+  sharding.initialize_distributed()
+  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  train.run(_CONFIG.value, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["workdir"])
+  app.run(main)

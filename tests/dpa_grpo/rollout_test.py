@@ -1,0 +1,57 @@
+"""Rollout pieces that need no model: keep rules (never the oracle), seeds, compact forms, packing."""
+
+import numpy as np
+import pytest
+
+from dpa_grpo import rollout, train
+from dpa_grpo.envs import forms
+
+
+def _samples(logprobs):
+  return [rollout.Sample(f"s{i}", (i,), lp, "stop") for i, lp in enumerate(logprobs)]
+
+
+@pytest.mark.parametrize(
+  "rule, amounts, logprobs, kept",
+  [
+    ("majority", (5.0, 7.0, 7.0, None), (-0.1, -0.9, -0.5, -0.01), 2),  # 7 wins; the likelier 7
+    ("majority", (5.0, 7.0, None), (-0.3, -0.2, -0.01), 1),  # a tie: the likelier of 5 and 7
+    ("majority", (None, None), (-0.3, -0.2), 1),  # nothing parses: the likeliest sample
+    ("logprob", (5.0, 7.0, 7.0), (-0.4, -0.5, -0.1), 2),
+    ("first_parseable", (None, 7.0, 5.0), (-0.1, -0.9, -0.2), 1),
+    ("first_parseable", (None, None), (-0.1, -0.9), 0),
+  ],
+)
+def test_keep_rules(rule, amounts, logprobs, kept):
+  assert rollout.keep_revision(_samples(logprobs), amounts, rule) == kept
+
+
+def test_seeds_depend_only_on_their_coordinates():
+  a = rollout.stage_seeds(0, 3, 1, "draft", 4)
+  assert a == rollout.stage_seeds(0, 3, 1, "draft", 4) and a[:2] == rollout.stage_seeds(0, 3, 1, "draft", 2)
+  assert a != rollout.stage_seeds(0, 3, 1, "verify", 4) and a != rollout.stage_seeds(0, 4, 1, "draft", 4)
+
+
+def test_compact_keeps_values_and_structure():
+  case = forms.generate_cases(1, seed=0, difficulty=1)[0]
+  shown = rollout.compact(case).forms["return_data"]
+  assert shown["w2"][0]["wages"] == case.forms["return_data"]["w2"][0]["wages"]["value"]
+  assert rollout.compact(case).gold == case.gold
+
+
+def test_config_rejects_unknown_choices():
+  with pytest.raises(ValueError, match="keep_rule"):
+    rollout.RolloutConfig(keep_rule="oracle")
+  with pytest.raises(KeyError, match="unknown Form 1040 line"):
+    rollout.RolloutConfig(lines=("99",))
+
+
+def test_chunk_shares_add_up_to_the_step_mean():
+  items = [train.Item([5, 6], ([7], [8, 9]), (1.0, 0.0), i % 2) for i in range(5)]
+  items.append(train.Item([5], ([9, 9, 9], ()), penalty=(0.5, 0.0)))
+  chunks = train.dpa_chunks(items, 2, 4, pad_id=0)
+  assert len(chunks) == 2 and all(c["tokens"].shape == (8, 64) for c in chunks)
+  np.testing.assert_allclose(sum(c["share"] for c in chunks), [1.0, 1.0])
+  assert list(chunks[1]["component"]) == [0, -1, -1, -1]  # one item, the penalty row, two pads
+  np.testing.assert_allclose(chunks[1]["row_penalty"][1], [0.5 / 3, 0.0])  # per unit of component 0
+  np.testing.assert_array_equal(chunks[0]["completion_mask"][1, -2:], [1, 1])
