@@ -89,10 +89,11 @@ def load_domains(
   saved = io.read_json(path) if os.path.exists(path) else {"of": {}, "source": {}, "replies": {}}
   todo = [p for p in problems if p.id not in saved["of"]]
   if todo:
+    unlabelled = any(p.domain not in config.domains for p in todo)
     new = projection.assign_domains(
       todo,
       tuple(config.domains),
-      classifier(),
+      classifier() if unlabelled else None,
       params(config.classifier_sampling),
       fallback=config.fallback_domain or None,
     )
@@ -109,6 +110,7 @@ def load_domains(
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
   """Evaluates every method of `config.methods` into `workdir`; returns the metrics per method."""
   config = resolve(config)
+  io.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
   built = [methods.build(name, config) for name in config.methods]
   with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
     problems = load_problems(config, grader)
@@ -140,7 +142,7 @@ def run_solve_rates(problems, solver, grader, config, sampling, workdir) -> None
   path = os.path.join(workdir, SOLVE_RATES)
   done = _recorded(path, lambda r: r["id"])
   todo = [p for p in problems if p.id not in done]
-  progress = solve.Progress(len(problems), "solve rates", {"POOL": len(problems) - len(todo)})
+  progress = solve.Progress(len(problems), "solve rates", {"sampled": len(problems) - len(todo)})
   for batch in _batches(todo, config.eval.batch_size):
     progress.stage(f"k={config.eval.solve_rate_k}", len(batch))
     rates = solve.solve_rates(
@@ -153,7 +155,7 @@ def run_solve_rates(problems, solver, grader, config, sampling, workdir) -> None
       seed=config.seed,
     )
     io.append_jsonl(path, rates)
-    progress.finished(["POOL"] * len(batch))
+    progress.finished(["sampled"] * len(batch))
   progress.close()
 
 

@@ -88,7 +88,8 @@ def chat(question: str, notes: str, template: str) -> list[dict[str, str]]:
 
 
 class Progress:
-  """A tqdm bar of problems done, with the current stage and the running exit-tier tally."""
+  """A tqdm bar of problems done, with the current stage and the running tally of exit tiers
+  (or any other labels the caller finishes problems with)."""
 
   def __init__(self, total: int, desc: str, done: Mapping[str, int] | None = None):
     self.counts = collections.Counter(done or {})
@@ -107,7 +108,8 @@ class Progress:
     self.bar.close()
 
   def _show(self, stage: str) -> None:
-    tally = " ".join(f"{t}={self.counts[t]}" for t in STAGE_ORDER if self.counts[t])
+    order = lambda label: STAGE_ORDER.index(label) if label in STAGE_ORDER else len(STAGE_ORDER)
+    tally = " ".join(f"{t}={self.counts[t]}" for t in sorted(self.counts, key=order) if self.counts[t])
     self.bar.set_postfix_str(" | ".join(filter(None, (stage, tally))))
 
 
