@@ -27,21 +27,18 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 
-import tokenizers
 from flax import nnx
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from kace import cards as cards_lib
 from kace import data, projection
 from lm import hf, io, sft
 from lm.config import ModelConfig
 from lm.model import Qwen
-from lm.tokenizer import CHATML_TEMPLATE, load_tokenizer
+from lm.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 _log = logging.getLogger(__name__)
 
 LEVELS = (1, 2, 3, 4)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")  # ids 0 (pad), 1 (eos), 2
 
 # (subject label, level) -> a function drawing (question, answer) from an RNG. Subject labels are
 # MATH's, so data.domain_of maps them onto the tree's domains like a real benchmark's labels.
@@ -227,37 +224,11 @@ SOLVER_VERSION = "3"
 
 
 def build_tokenizer(path: str, corpus: Sequence[str], vocab_size: int) -> None:
-  """A byte-level BPE tokenizer (Qwen's kind: every string encodes) trained on `corpus`.
+  """The solver's byte-level BPE tokenizer, trained on `corpus` (ChatML template).
 
-  Digits are split one per token, as Qwen does, so numbers are spelled digit by digit. Special
-  tokens are ids 0 (`<|endoftext|>`, pad), 1 (`<|im_end|>`, eos), 2 (`<|im_start|>`); the chat
-  template is ChatML (`lm.tokenizer.CHATML_TEMPLATE`).
+  Digits are split one per token, as Qwen does, so numbers are spelled digit by digit.
   """
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.Sequence(
-    [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-  )
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=vocab_size,
-    special_tokens=list(SPECIAL_TOKENS),
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    show_progress=False,
-  )
-  tok.train_from_iterator(corpus, trainer=trainer)
-  os.makedirs(path, exist_ok=True)
-  tok.save(os.path.join(path, "tokenizer.json"))
-  config = {
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    "eos_token": "<|im_end|>",
-    "pad_token": "<|endoftext|>",
-    "bos_token": None,
-    "unk_token": None,
-    "clean_up_tokenization_spaces": False,
-    "model_max_length": 2048,
-    "chat_template": CHATML_TEMPLATE,
-  }
-  io.write_json(os.path.join(path, "tokenizer_config.json"), config)
+  train_bpe_tokenizer(path, corpus, vocab_size=vocab_size, split_digits=True, model_max_length=2048)
 
 
 def solver_messages(question: str, notes: str = "") -> list[dict[str, str]]:

@@ -21,7 +21,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import tokenizers
 import transformers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from lm import io
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
 
@@ -145,3 +149,75 @@ def _generation_eos_ids(path: str) -> list[int]:
   if eos is None:
     return []
   return [eos] if isinstance(eos, int) else list(eos)
+
+
+# Ids 0, 1, 2 in this order, as `ModelConfig.tiny_qwen3()` declares pad 0 and eos 1.
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")
+
+
+def train_bpe_tokenizer(
+  path: str | os.PathLike,
+  corpus: Sequence[str],
+  *,
+  vocab_size: int,
+  chat_template: str | None = CHATML_TEMPLATE,
+  added_tokens: Sequence[str] = (),
+  split_digits: bool = False,
+  model_max_length: int = 4096,
+) -> str:
+  """Trains a small byte-level BPE tokenizer (Qwen's kind) and writes it as an HF tokenizer dir.
+
+  For the project's own tiny models (tests, CPU-scale defaults): the 256 byte symbols are always
+  in the vocabulary, so every string encodes and decodes back exactly; special tokens are Qwen's
+  `<|endoftext|>` (pad, id 0), `<|im_end|>` (eos, id 1) and `<|im_start|>` (id 2); merges are
+  learnt from `corpus` up to `vocab_size` ids in all (added tokens included).
+
+  Args:
+    path: output directory (created); an existing `generation_config.json` is kept.
+    corpus: training texts.
+    vocab_size: largest vocabulary (ids < vocab_size).
+    chat_template: stored in tokenizer_config.json (None stores none).
+    added_tokens: ordinary tokens appended after training (e.g. `<think>`).
+    split_digits: one token per digit, as Qwen's pre-tokenizer does.
+    model_max_length: recorded in tokenizer_config.json.
+
+  Returns:
+    `path` as a string, ready for `load_tokenizer`.
+  """
+  path = os.fspath(path)
+  os.makedirs(path, exist_ok=True)
+  tok = tokenizers.Tokenizer(models.BPE())
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.pre_tokenizer = (
+    pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if split_digits
+    else byte_level
+  )
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size - len(added_tokens),
+    special_tokens=list(QWEN_SPECIAL_TOKENS),
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
+  tok.train_from_iterator(list(corpus), trainer=trainer)
+  if added_tokens:
+    tok.add_tokens(list(added_tokens))
+  io.atomic_write_text(os.path.join(path, "tokenizer.json"), tok.to_str())
+  config = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "bos_token": None,
+    "unk_token": None,
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": model_max_length,
+  }
+  if chat_template is not None:
+    config["chat_template"] = chat_template
+  io.write_json(os.path.join(path, "tokenizer_config.json"), config)
+  generation_config = os.path.join(path, "generation_config.json")
+  if not os.path.exists(generation_config):  # a model's own (from `lm.save_hf`) is kept
+    # Qwen checkpoints end chat turns with <|im_end|> and raw text with <|endoftext|>.
+    io.write_json(generation_config, {"eos_token_id": [tok.token_to_id("<|im_end|>"), 0]})
+  return path

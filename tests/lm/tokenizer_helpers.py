@@ -9,13 +9,11 @@ fits in `vocab_size` ids, so a tiny model built with `ModelConfig.tiny_qwen3(voc
 at least that size can emit every token.
 """
 
-import json
 import os
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from lm.tokenizer import QWEN_SPECIAL_TOKENS as SPECIAL_TOKENS
+from lm.tokenizer import train_bpe_tokenizer
 
-# Ids 0, 1, 2 in this order: pad 0 and eos 1 are what `ModelConfig.tiny_qwen3()` declares.
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")
 THINK_TOKENS = ("<think>", "</think>")
 
 # Modelled on Qwen3's template: a leading system turn, reasoning stripped from earlier assistant
@@ -73,38 +71,10 @@ def make_tiny_tokenizer(
   """
   if not 256 + len(SPECIAL_TOKENS) + len(THINK_TOKENS) <= vocab_size <= 512:
     raise ValueError(f"vocab_size must be in [{256 + len(SPECIAL_TOKENS) + len(THINK_TOKENS)}, 512]")
-  path = os.fspath(path)
-  os.makedirs(path, exist_ok=True)
-  tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=vocab_size - len(THINK_TOKENS),
-    special_tokens=list(SPECIAL_TOKENS),
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    show_progress=False,
+  return train_bpe_tokenizer(
+    path,
+    list(_CORPUS) + [" ".join(vocab_words)] * 8,
+    vocab_size=vocab_size,
+    chat_template=chat_template,
+    added_tokens=THINK_TOKENS,
   )
-  tok.train_from_iterator(list(_CORPUS) + [" ".join(vocab_words)] * 8, trainer=trainer)
-  tok.add_tokens(list(THINK_TOKENS))
-  tok.save(os.path.join(path, "tokenizer.json"))
-
-  config = {
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    "eos_token": "<|im_end|>",
-    "pad_token": "<|endoftext|>",
-    "bos_token": None,
-    "unk_token": None,
-    "clean_up_tokenization_spaces": False,
-    "model_max_length": 4096,
-  }
-  if chat_template is not None:
-    config["chat_template"] = chat_template
-  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-    json.dump(config, f, indent=2)
-  generation_config = os.path.join(path, "generation_config.json")
-  if not os.path.exists(generation_config):  # a model's own (from `lm.save_hf`) is kept
-    # Qwen checkpoints end chat turns with <|im_end|> and raw text with <|endoftext|>.
-    eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    with open(generation_config, "w") as f:
-      json.dump({"eos_token_id": eos}, f, indent=2)
-  return path
