@@ -399,7 +399,12 @@ class Trainer:
     self.roles = game.ROLES if self.method == "dpa_grpo" else ("generator",)
     self.policies, self.trainable, self.frozen = init_policies(self.model, config, self.roles, self.mesh)
     self.tx = optimizer(config)
-    self.opt_state = self.tx.init(self.trainable)
+    # Every optimiser buffer on the mesh (moments beside their parameter, counters replicated), so a
+    # restored state has exactly the placement of a fresh one.
+    target = ckpt_lib.abstract_opt_state(self.tx, self.trainable, self.mesh)
+    self.opt_state = jax.tree.map(
+      lambda x, t: jax.device_put(x, t.sharding), self.tx.init(self.trainable), target
+    )
     self.loss_cfgs = self._loss_configs()
     self.pad_id = self.tokenizer.pad_id
     self.batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)

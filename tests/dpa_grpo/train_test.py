@@ -1,0 +1,146 @@
+"""End to end on a tiny model: DPA-GRPO trains, evaluates, checkpoints; kill -9 + restart is exact.
+
+One uninterrupted run goes in-process; the same run in a subprocess is killed with SIGKILL after
+its first checkpoint and restarted, and its final parameters must equal the first run's bit for bit.
+Shapes are tiny (one line, one case per step) and compiled programs are shared through the
+persistent compilation cache of tests/conftest.py.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import dpa_grpo as dpa_config
+from dpa_grpo import game, rollout, train
+from dpa_grpo.envs import forms, taxcalc
+from lm import checkpoint as ckpt_lib
+from lm import io
+from tests.lm.tokenizer_helpers import make_tiny_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS = 3
+OVERRIDES = {
+  "rollout.lines": ("1a",),
+  "data.batch_cases": 1,
+  "train.steps": STEPS,
+  "train.eval_every": STEPS,
+  "train.checkpoint_every": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+  """A tokenizer whose merges cover the prompts' words, so the tiny runs' prompts stay short."""
+  case = rollout.compact(forms.generate_cases(1, seed=0, difficulty=0)[0])
+  prompt = taxcalc.line_prompt(case, "1a", {})
+  text = game.decision_prompt(prompt, "Line 1a: w | 1", game.SAC("c", "a", "e"), "Line 1a: w | 2")
+  text += game.verifier_prompt(prompt, "x") + " ".join(game.VERIFIER_PAIR + game.GENERATOR_PAIR)
+  words = re.findall(r"\w+|[^\w\s]+", text)
+  return make_tiny_tokenizer(tmp_path_factory.mktemp("tok"), words, vocab_size=512)
+
+
+def _config(tokenizer_dir, preset="tiny"):
+  c = dpa_config.get_config(preset)
+  c.model.tokenizer = tokenizer_dir
+  for key, value in OVERRIDES.items():
+    section, field = key.split(".")
+    c[section][field] = value
+  return c
+
+
+def _final_params(workdir, trainer_like):
+  manager = ckpt_lib.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  target = ckpt_lib.abstract_like({"params": trainer_like.trainable, "opt_state": trainer_like.opt_state})
+  state, meta = manager.restore(STEPS, target)
+  manager.close()
+  return state["params"], meta
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tokenizer_dir, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("run"))
+  config = _config(tokenizer_dir)
+  io.prepare_workdir(workdir, config)
+  summary = train.run(config, workdir)
+  return workdir, config, summary
+
+
+def test_end_to_end_run_writes_everything(uninterrupted):
+  workdir, _, summary = uninterrupted
+  entries = list(io.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
+  steps = [e for e in entries if "eval" not in e]
+  evals = [e for e in entries if "eval" in e]
+  assert [e["step"] for e in steps] == [1, 2, 3] and [e["step"] for e in evals] == [0, STEPS]
+  assert all(np.isfinite(e["verifier/loss"]) and e["grad_norm"] > 0 for e in steps)
+  before = summary["before"]
+  assert set(before["cases"]) == set(game.CASES) and before["units"] == 1
+  assert 0.0 <= before["accuracy_ci"][0] <= before["accuracy"] <= before["accuracy_ci"][1] <= 1.0
+  assert set(before["per_line_post"]) == {"1a"}
+  records = list(io.read_jsonl(os.path.join(workdir, "records", "train.jsonl")))
+  assert len(records) == STEPS and {"x", "verifier", "sac", "revisions", "case"} <= set(records[0])
+  assert summary["best_step"] in (0, STEPS) and os.listdir(os.path.join(workdir, "tb"))
+
+
+def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tokenizer_dir, tmp_path):
+  workdir_a, config, _ = uninterrupted
+  workdir_b = str(tmp_path / "resumed")
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "JAX_DEFAULT_MATMUL_PRECISION": "highest",
+    "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+  }
+  command = [
+    sys.executable,
+    "-m",
+    "launch.dpa_grpo",
+    "--config=configs/dpa_grpo.py:tiny",
+    f"--workdir={workdir_b}",
+  ]
+  command += [f"--config.model.tokenizer={tokenizer_dir}", "--verbosity=-1"]
+  command += [f"--config.{k}={v}" for k, v in OVERRIDES.items() if k != "rollout.lines"]
+  command += ["--config.rollout.lines=('1a',)"]
+  proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  first = os.path.join(workdir_b, "checkpoints", "1")
+  deadline = time.time() + 600
+  while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  assert proc.poll() is None, (
+    f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+  )
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not os.path.isdir(os.path.join(workdir_b, "checkpoints", str(STEPS)))
+  done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=900)
+  assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+  trainer_like = train.Trainer(config, str(tmp_path / "shape_only"))
+  params_a, meta_a = _final_params(workdir_a, trainer_like)
+  params_b, meta_b = _final_params(workdir_b, trainer_like)
+  leaves_a, leaves_b = jax.tree.leaves(params_a), jax.tree.leaves(params_b)
+  assert len(leaves_a) == len(leaves_b) > 0
+  for a, b in zip(leaves_a, leaves_b, strict=True):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  assert meta_a == meta_b
+  steps_b = [e["step"] for e in io.read_jsonl(os.path.join(workdir_b, "metrics.jsonl")) if "eval" not in e]
+  assert steps_b == [1, 2, 3]  # the killed run's lines after its checkpoint were dropped
+
+
+def test_generator_only_baseline_trains(tokenizer_dir, tmp_path):
+  config = _config(tokenizer_dir, "tiny_grpo")
+  config.train.steps = 1
+  config.train.eval_every = 1
+  summary = train.run(config, str(tmp_path))
+  entries = list(io.read_jsonl(os.path.join(tmp_path, "metrics.jsonl")))
+  step = next(e for e in entries if "eval" not in e)
+  assert np.isfinite(step["generator/loss"]) and "verifier/loss" not in step
+  assert summary["method"] == "grpo" and set(summary["before"]["per_line"]) == {"1a"}
