@@ -27,9 +27,13 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   c.seed = 0
   c.method = method
   # Backbone: an HF checkpoint directory, or (empty) a preset of lm.config.ModelConfig initialised
-  # from the seed with `overrides` (vocab / eos / pad default to the tokenizer's).
+  # from the seed with `overrides` (vocab / eos / pad default to the tokenizer's). The tokenizer is
+  # `tokenizer`, else the checkpoint's, else one fitted to the task (`tokenizer_vocab` ids) in the
+  # run directory.
   c.model = ml_collections.ConfigDict(
-    dict(preset="tiny_qwen3", checkpoint="", tokenizer="", dtype="float32", overrides={})
+    dict(
+      preset="tiny_qwen3", checkpoint="", tokenizer="", tokenizer_vocab=1024, dtype="float32", overrides={}
+    )
   )
   # Cases: TaxCalcBench at `root` (…/tax_calc_bench/ty24/test_data), else synthetic forms.
   c.data = ml_collections.ConfigDict(
@@ -123,6 +127,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.lora.update(rank=8, alpha=16.0)
     c.train.update(steps=30, eval_every=5, checkpoint_every=5, pairs_per_chunk=16)
   elif size == "tiny":
+    c.model.tokenizer_vocab = 512
     c.data.synthetic = dict(n=6, seed=0, difficulty=0)
     c.data.batch_cases = 2
     c.rollout.update(

@@ -68,11 +68,34 @@ BEST_METRIC = "accuracy"  # post-revision accuracy (DPA-GRPO); draft accuracy (g
 # ---- model, tokenizer, data ---------------------------------------------------------------------
 
 
-def load_model(cfg, mesh) -> tuple[Qwen, tokenizer_lib.Tokenizer]:
+def task_tokenizer(
+  path: str, cases: Sequence[taxcalc.TaxCase], cfg: rollout.RolloutConfig, vocab_size: int
+) -> str:
+  """A byte-level BPE tokenizer fitted to this task's prompts and answers (for models trained from
+  scratch: short prompts are what makes CPU-scale runs fast). Written once; reused on resume."""
+  if os.path.exists(os.path.join(path, "tokenizer.json")):
+    return path
+  corpus = list(game.VERIFIER_PAIR + game.GENERATOR_PAIR)
+  sac = game.SAC("the amount is wrong", "it does not follow the form", "the input fields")
+  for case in cases:
+    shown = rollout.compact(case) if cfg.compact_forms else case
+    drafted: dict[str, float | None] = {}
+    for line_id in cfg.lines:
+      prompt = taxcalc.line_prompt(shown, line_id, drafted, cfg.answer_format)
+      answer = taxcalc.render_line_answer(line_id, case.gold[line_id], "from the forms", cfg.answer_format)
+      corpus += [
+        prompt,
+        answer,
+        game.verifier_prompt(prompt, answer),
+        game.render_verifier_reply("wrong", sac),
+      ]
+      corpus.append(game.decision_prompt(prompt, answer, sac, answer))
+      drafted[line_id] = case.gold[line_id]
+  return tokenizer_lib.train_bpe_tokenizer(path, corpus, vocab_size=vocab_size, split_digits=True)
+
+
+def load_model(cfg, mesh, tokenizer_dir: str) -> tuple[Qwen, tokenizer_lib.Tokenizer]:
   """The backbone (an HF checkpoint, or a preset initialised from the seed) on the mesh."""
-  tokenizer_dir = cfg.model.tokenizer or cfg.model.checkpoint
-  if not tokenizer_dir:
-    raise ValueError("config.model.tokenizer (or model.checkpoint) must name a local tokenizer directory")
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   if cfg.model.checkpoint:
     from lm import hf
@@ -393,9 +416,13 @@ class Trainer:
     self.workdir = workdir
     self.method = config.method
     self.mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(**config.mesh))
-    self.model, self.tokenizer = load_model(config, self.mesh)
     self.train_cases, self.test_cases = load_data(config)
     self.rollout_cfg = rollout_config(config)
+    tokenizer_dir = config.model.tokenizer or config.model.checkpoint
+    if not tokenizer_dir:
+      path = os.path.join(workdir, "tokenizer")
+      tokenizer_dir = task_tokenizer(path, self.train_cases, self.rollout_cfg, config.model.tokenizer_vocab)
+    self.model, self.tokenizer = load_model(config, self.mesh, tokenizer_dir)
     self.roles = game.ROLES if self.method == "dpa_grpo" else ("generator",)
     self.policies, self.trainable, self.frozen = init_policies(self.model, config, self.roles, self.mesh)
     self.tx = optimizer(config)

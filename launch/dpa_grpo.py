@@ -1,6 +1,7 @@
 """Trains generator and verifier with DPA-GRPO (or a baseline). See configs/dpa_grpo.py, docs/dpa_grpo.md.
 
-  python -m launch.dpa_grpo --workdir=/tmp/dpa --config.model.tokenizer=/path/to/tokenizer
+  python -m launch.dpa_grpo --workdir=/tmp/dpa                      # CPU default, synthetic forms
+  python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=/tmp/dpa_tiny
   python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=... \
       --config.model.checkpoint=/models/Qwen3-4B --config.data.root=.../ty24/test_data
 """

@@ -2,12 +2,11 @@
 
 One uninterrupted run goes in-process; the same run in a subprocess is killed with SIGKILL after
 its first checkpoint and restarted, and its final parameters must equal the first run's bit for bit.
-Shapes are tiny (one line, one case per step) and compiled programs are shared through the
-persistent compilation cache of tests/conftest.py.
+Shapes are tiny (one line, one case per step, a tokenizer fitted to the prompts) and compiled
+programs are shared through the persistent compilation cache of tests/conftest.py.
 """
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,11 +17,9 @@ import numpy as np
 import pytest
 
 from configs import dpa_grpo as dpa_config
-from dpa_grpo import game, rollout, train
-from dpa_grpo.envs import forms, taxcalc
+from dpa_grpo import game, train
 from lm import checkpoint as ckpt_lib
 from lm import io
-from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
@@ -35,20 +32,8 @@ OVERRIDES = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-  """A tokenizer whose merges cover the prompts' words, so the tiny runs' prompts stay short."""
-  case = rollout.compact(forms.generate_cases(1, seed=0, difficulty=0)[0])
-  prompt = taxcalc.line_prompt(case, "1a", {})
-  text = game.decision_prompt(prompt, "Line 1a: w | 1", game.SAC("c", "a", "e"), "Line 1a: w | 2")
-  text += game.verifier_prompt(prompt, "x") + " ".join(game.VERIFIER_PAIR + game.GENERATOR_PAIR)
-  words = re.findall(r"\w+|[^\w\s]+", text)
-  return make_tiny_tokenizer(tmp_path_factory.mktemp("tok"), words, vocab_size=512)
-
-
-def _config(tokenizer_dir, preset="tiny"):
+def _config(preset="tiny"):
   c = dpa_config.get_config(preset)
-  c.model.tokenizer = tokenizer_dir
   for key, value in OVERRIDES.items():
     section, field = key.split(".")
     c[section][field] = value
@@ -64,9 +49,9 @@ def _final_params(workdir, trainer_like):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tokenizer_dir, tmp_path_factory):
+def uninterrupted(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
-  config = _config(tokenizer_dir)
+  config = _config()
   io.prepare_workdir(workdir, config)
   summary = train.run(config, workdir)
   return workdir, config, summary
@@ -88,7 +73,7 @@ def test_end_to_end_run_writes_everything(uninterrupted):
   assert summary["best_step"] in (0, STEPS) and os.listdir(os.path.join(workdir, "tb"))
 
 
-def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tokenizer_dir, tmp_path):
+def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
   workdir_a, config, _ = uninterrupted
   workdir_b = str(tmp_path / "resumed")
   env = {
@@ -106,7 +91,7 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tokenizer_di
     "--config=configs/dpa_grpo.py:tiny",
     f"--workdir={workdir_b}",
   ]
-  command += [f"--config.model.tokenizer={tokenizer_dir}", "--verbosity=-1"]
+  command += ["--verbosity=-1"]
   command += [f"--config.{k}={v}" for k, v in OVERRIDES.items() if k != "rollout.lines"]
   command += ["--config.rollout.lines=('1a',)"]
   proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -123,7 +108,7 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tokenizer_di
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=900)
   assert done.returncode == 0, done.stderr.decode()[-3000:]
 
-  trainer_like = train.Trainer(config, str(tmp_path / "shape_only"))
+  trainer_like = train.Trainer(config, workdir_a)  # its tokenizer: the run's own
   params_a, meta_a = _final_params(workdir_a, trainer_like)
   params_b, meta_b = _final_params(workdir_b, trainer_like)
   leaves_a, leaves_b = jax.tree.leaves(params_a), jax.tree.leaves(params_b)
@@ -135,8 +120,8 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tokenizer_di
   assert steps_b == [1, 2, 3]  # the killed run's lines after its checkpoint were dropped
 
 
-def test_generator_only_baseline_trains(tokenizer_dir, tmp_path):
-  config = _config(tokenizer_dir, "tiny_grpo")
+def test_generator_only_baseline_trains(tmp_path):
+  config = _config("tiny_grpo")
   config.train.steps = 1
   config.train.eval_every = 1
   summary = train.run(config, str(tmp_path))
