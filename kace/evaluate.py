@@ -55,11 +55,16 @@ def tiny_solver_config(config: ml_collections.ConfigDict) -> synthetic.TinySolve
   return synthetic.TinySolverConfig(**{k: v for k, v in config.synthetic.to_dict().items() if k in fields})
 
 
-def load_problems(config: ml_collections.ConfigDict, grader: answers.Grader) -> list[data.Problem]:
-  """The evaluation problems `config.data` names, filtered and limited as configured."""
+def load_problems(
+  config: ml_collections.ConfigDict, grader: answers.Grader, half: str = "test"
+) -> list[data.Problem]:
+  """The evaluation problems `config.data` names, filtered and limited as configured; `half="train"`
+  gives the other half of the split instead (what kace.learn trains on)."""
   d = config.data
+  if half not in ("train", "test"):
+    raise ValueError(f"half must be 'train' or 'test', got {half!r}")
   if d.name == "synthetic":
-    problems = tiny_solver_config(config).problems()[1]
+    problems = tiny_solver_config(config).problems()[half == "test"]
   elif d.name == "aime2025":
     problems = data.load_aime2025(d.source or "opencompass/AIME2025")
   elif d.name == "math":
@@ -71,9 +76,11 @@ def load_problems(config: ml_collections.ConfigDict, grader: answers.Grader) -> 
   if d.verifiable_only:
     problems = data.verifiable(problems, grader)
   if d.test_fraction:
-    problems = data.train_test_split(problems, d.test_fraction, d.split_seed)[1]
+    problems = data.train_test_split(problems, d.test_fraction, d.split_seed)[half == "test"]
+  elif half == "train" and d.name != "synthetic":
+    raise ValueError(f"training on {d.name} needs config.data.test_fraction > 0 (a train/test split)")
   problems = sorted(problems, key=lambda p: p.id)
-  return problems[: d.limit] if d.limit else problems
+  return problems[: d.limit] if d.limit and half == "test" else problems
 
 
 def params(sampling: ml_collections.ConfigDict) -> generators.GenerationParams:
