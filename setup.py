@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "tensorboardX==2.6.5",
     "matplotlib==3.11.2",
     "tqdm==4.70.1",
+    "pyarrow==26.0.1",  # parquet copies of MATH / AIME (kace.data)
 ]
 
 EXTRAS = {

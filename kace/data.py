@@ -3,8 +3,8 @@
 Every loader takes a `source`: a .jsonl / .json / .parquet file, a directory of such files (read
 recursively, sorted), a `datasets.save_to_disk` directory, or a hub dataset name ("owner/name"),
 which is fetched with `huggingface_hub.snapshot_download` and then read as a directory. Parquet
-needs `pyarrow` (or `datasets`, which brings it); neither is in the pinned stack, so parquet and
-`save_to_disk` sources fail with an error saying so. Layouts and the verifiable subset are
+is read with `pyarrow` (pinned in setup.py); `save_to_disk` directories need `datasets`, which is
+not in the pinned stack, and fail with an error saying so. Layouts and the verifiable subset are
 documented in docs/kace.md ("Benchmarks").
 """
 
