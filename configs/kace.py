@@ -1,4 +1,7 @@
-"""KACE evaluation (docs/kace.md); presets: cpu (default), qwen3_4b, openai.
+"""KACE evaluation, learning and the table (docs/kace.md); presets: cpu (default), qwen3_4b, openai.
+
+Read by launch/kace_eval.py (`methods`), launch/kace_build.py (learns what `methods` read, from the
+training half) and launch/kace_table.py (`table.methods` x `table.benchmarks`).
 
 cpu       a tiny Qwen3-style model the project trains on its own synthetic maths set (built once,
           cached), evaluated on that set's held-out problems — a few minutes on 2 cores.
