@@ -49,7 +49,7 @@ def register(name: str) -> Callable[[Builder], Builder]:
 
 def build(name: str, config: ml_collections.ConfigDict) -> Method:
   if name not in METHODS:
-    raise ValueError(f"unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
+    raise ValueError(f"unknown method {name!r}; registered: {', '.join(METHODS)}")
   return METHODS[name](config)
 
 
