@@ -132,7 +132,7 @@ def _objects(text: Any) -> list[dict[str, Any]]:
   """JSON objects in a reply with closed <think> blocks removed; non-strings hold none."""
   if not isinstance(text, str):
     return []
-  return taxcalc._json_objects(taxcalc._THINK.sub("", text))
+  return taxcalc.json_objects(taxcalc.THINK_BLOCK.sub("", text))
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:

@@ -61,13 +61,18 @@ def group_advantages(rewards: jax.Array, eps: float = ADVANTAGE_EPS) -> jax.Arra
   return (rewards - mean) / (std + eps)
 
 
+def k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """The k3 estimator of KL(π ‖ π_ref) per sample: e^{ref−logπ} − (ref−logπ) − 1 (≥ 0, unbiased)."""
+  log_ratio = ref_logp - logp
+  return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
 def _kl_terms(logp: jax.Array, ref_logp: jax.Array, weights: jax.Array, kl: str) -> jax.Array:
   """Per-unit divergence D_u of the module docstring.  # [U, 2] -> [U]"""
   if kl == "k1":
     return jnp.sum(weights * (logp - ref_logp), axis=-1)
   if kl == "k3":
-    log_ratio = ref_logp - logp
-    return jnp.sum(weights * (jnp.exp(log_ratio) - log_ratio - 1.0), axis=-1)
+    return jnp.sum(weights * k3(logp, ref_logp), axis=-1)
   log_p = jax.nn.log_softmax(logp, axis=-1)
   log_p_ref = jax.nn.log_softmax(ref_logp, axis=-1)
   return jnp.sum(jnp.exp(log_p) * (log_p - log_p_ref), axis=-1)
@@ -218,12 +223,6 @@ def dpa_loss(model, ref_model, batch: dict[str, jax.Array], cfg: DPALossConfig) 
 # completion tokens; rewards are [N, G]. `old_logp` are the sampling policy's token log-probs: with
 # one update per rollout (the trainer's setting) they equal the current ones, so the trainer passes
 # stop_gradient(logp) and every ratio is exactly 1 with the on-policy gradient.
-
-
-def k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
-  """The k3 estimator of KL(π ‖ π_ref) per sample: e^{ref−logπ} − (ref−logπ) − 1 (≥ 0, unbiased)."""
-  log_ratio = ref_logp - logp
-  return jnp.exp(log_ratio) - log_ratio - 1.0
 
 
 def overlong_shaping(lengths: jax.Array, max_len: int, cache_len: int) -> jax.Array:

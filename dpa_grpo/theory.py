@@ -31,10 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpa_grpo import losses
+from dpa_grpo.game import CASES, GENERATOR_ACTIONS, VERIFIER_ACTIONS, classify_case
 
-VERIFIER_ACTIONS = ("NS", "SAC")
-GENERATOR_ACTIONS = ("KEEP", "REVISE")
-CASES = ("1", "2", "3", "4", "5a", "5b", "6a", "6b")
 LOSS_VARIANTS = tuple(itertools.product(losses.WEIGHTINGS, losses.KL_CHOICES))
 
 
@@ -534,18 +532,9 @@ def _full_outcomes(game: Game):
   """All 16 outcomes (S_x, S_z, verifier action, generator action) with their case index."""
   rows = list(itertools.product((0, 1), (0, 1), (0, 1), (0, 1)))
   s_x, s_z, a_v, a_g = (np.array(c) for c in zip(*rows, strict=True))
-  case = np.select(
-    [
-      (s_x == 1) & (a_v == 0),
-      (s_x == 1) & (a_g == 1),
-      s_x == 1,
-      a_v == 0,
-      (a_g == 1) & (s_z == 1),
-      a_g == 1,
-      s_z == 0,
-    ],
-    [0, 1, 2, 3, 4, 5, 6],
-    default=7,
+  # The taxonomy is game.classify_case's; after NS both a_g rows get the NS case.
+  case = np.array(
+    [CASES.index(classify_case(bool(x), int(v), int(g) if v else None, bool(z))) for x, z, v, g in rows]
   )
   return s_x, s_z, a_v, a_g, case
 

@@ -287,7 +287,7 @@ def parse_amount(text: str) -> ParsedAmount:
   return ParsedAmount(-value if negative else value, text)
 
 
-_THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
+THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
 
 
 @functools.cache
@@ -307,7 +307,7 @@ def _from_line_format(text: str, line_id: str) -> ParsedAmount | None:
   return parse_amount(matches[-1].rsplit("|", 1)[1])
 
 
-def _json_objects(text: str) -> list[dict[str, Any]]:
+def json_objects(text: str) -> list[dict[str, Any]]:
   """Every JSON object embedded in the text (e.g. inside a ```json fence), in order."""
   decoder, found, i = json.JSONDecoder(), [], text.find("{")
   while i != -1:
@@ -342,7 +342,7 @@ def _json_amount(value: Any) -> ParsedAmount:
 
 def _from_json(text: str, line_id: str) -> ParsedAmount | None:
   """From `{"line": "16", "amount": 4016}` or a return object `{"16": 4016, ...}`; last one wins."""
-  for obj in reversed(_json_objects(text)):
+  for obj in reversed(json_objects(text)):
     fields = {str(k).strip().lower(): v for k, v in obj.items()}
     if "amount" in fields and _line_ref(fields.get("line", line_id)) == line_id:
       return _json_amount(fields["amount"])
@@ -360,7 +360,7 @@ def parse_line_answer(text: str, line_id: str) -> ParsedAmount:
   (models restate and then correct). No answer for the line gives an unparsed marker.
   """
   line_by_id(line_id)
-  text = _THINK.sub("", text if isinstance(text, str) else "")
+  text = THINK_BLOCK.sub("", text if isinstance(text, str) else "")
   for parse in (_from_line_format, _from_json):
     found = parse(text, line_id)
     if found is not None:
