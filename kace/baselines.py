@@ -59,7 +59,7 @@ TAGS = ("helpful", "harmful", "neutral")
 def parse_reflection(reply: str) -> tuple[str, tuple[tuple[str, str], ...]]:
   """(reflection text, ((card id, tag), ...)) from a reflector reply."""
   obj = learn.json_object(reply)
-  text = learn._text(obj, "reflection", "reply", 2000)
+  text = learn.string_field(obj, "reflection", "reply", 2000)
   tags = obj.get("bullet_tags", [])
   if not isinstance(tags, list):
     raise learn.ReplyError("bullet_tags: expected a list")
@@ -81,7 +81,7 @@ def parse_delta(reply: str, max_cards: int, max_chars: int) -> tuple[tuple[str, 
     if not isinstance(item, dict) or item.get("op") != "add":
       raise learn.ReplyError(f"operations[{i}].op: expected 'add'")
     card_type = item.get("type") if isinstance(item.get("type"), str) and item["type"].strip() else "strategy"
-    out.append((card_type, learn._text(item, "text", f"operations[{i}]", max_chars)))
+    out.append((card_type, learn.string_field(item, "text", f"operations[{i}]", max_chars)))
   return tuple(out)
 
 

@@ -128,7 +128,8 @@ def json_object(reply: str) -> dict:
   return obj
 
 
-def _text(obj: Mapping, key: str, where: str, max_chars: int = 10_000) -> str:
+def string_field(obj: Mapping, key: str, where: str, max_chars: int = 10_000) -> str:
+  """`obj[key]` stripped, if it is a non-empty string of at most `max_chars`; else ReplyError."""
   value = obj.get(key)
   if not isinstance(value, str) or not value.strip():
     raise ReplyError(f"{where}.{key}: expected a non-empty string")
@@ -147,7 +148,9 @@ def parse_cards(reply: str, max_cards: int, max_chars: int = 600) -> tuple[tuple
   for i, item in enumerate(items[:max_cards]):
     if not isinstance(item, dict):
       raise ReplyError(f"cards[{i}]: expected an object")
-    out.append((_text(item, "type", f"cards[{i}]", 40), _text(item, "text", f"cards[{i}]", max_chars)))
+    out.append(
+      (string_field(item, "type", f"cards[{i}]", 40), string_field(item, "text", f"cards[{i}]", max_chars))
+    )
   return tuple(out)
 
 
@@ -197,10 +200,10 @@ def parse_operations(reply: str, max_chars: int = 600) -> tuple[Operation, ...]:
       ids = item.get("ids")
       if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(x, str) for x in ids):
         raise ReplyError(f"{where}.ids: expected a list of at least two card ids")
-      ops.append(Operation(op, tuple(ids), _text(item, "text", where, max_chars), reason=reason))
+      ops.append(Operation(op, tuple(ids), string_field(item, "text", where, max_chars), reason=reason))
       continue
-    card_id = _text(item, "id", where, 100)
-    text = _text(item, "text", where, max_chars) if op == "edit" else None
+    card_id = string_field(item, "id", where, 100)
+    text = string_field(item, "text", where, max_chars) if op == "edit" else None
     tier, domain = (
       (_opt_name(item, "tier", where), _opt_name(item, "domain", where)) if op == "relocate" else (None, None)
     )
@@ -289,6 +292,7 @@ class Learner:
   seed: int = 0
 
   def solve(self, problems: Sequence[data.Problem], domains: Mapping[str, str], tree, desc: str = ""):
+    """The solver's solutions reading `tree` (one batched call per stage); a bar when `desc` is set."""
     progress = solve.Progress(len(problems), desc) if desc else None
     out = solve.solve(
       problems,
