@@ -332,9 +332,10 @@ def _attempt(solution: solve.Solution, chars: int) -> tuple[str, str | None]:
   return wrong[-1].text[-chars:], wrong[-1].answer
 
 
-def teacher_prompt(tree, key, failed, problems: Mapping[str, data.Problem], config: LearnConfig) -> str:
+def teacher_prompt(tree, key, shown, problems: Mapping[str, data.Problem], config: LearnConfig) -> str:
+  """The teacher's prompt for block `key`, showing the failed solutions `shown`."""
   parts = []
-  for i, s in enumerate(failed[: config.failures_per_prompt]):
+  for i, s in enumerate(shown):
     text, _ = _attempt(s, config.attempt_chars)
     answers_seen = ", ".join(sorted({str(x.answer) for st in s.stages for x in st.samples}))
     parts.append(
@@ -375,34 +376,39 @@ class BlockResult:
   errors: list
 
 
-def distill(learner: Learner, tree, key, own, problems) -> tuple[list[tuple[str, str]], list, list]:
-  """Candidate cards for block `key` from its failed solutions: ((type, text), replies, errors)."""
+def distill(learner: Learner, tree, key, own, problems) -> tuple[list, list, list]:
+  """Candidate cards for block `key` from its failed solutions.
+
+  Returns ([(type, text, source solutions)], replies, errors): a teacher's cards come from every
+  failure its prompt showed; a raw reflection from the one failure it reflects on.
+  """
   failed = [s for s in own if not s.correct]
   cfg = learner.config
   if cfg.distill == "teacher":
-    prompts = [teacher_prompt(tree, key, failed, problems, cfg)]
+    groups = [failed[: cfg.failures_per_prompt]]
+    prompts = [teacher_prompt(tree, key, groups[0], problems, cfg)]
     parse = lambda r: parse_cards(r, cfg.max_cards, cfg.max_card_chars)
     role = learner.teacher
   else:
-    prompts = [reflection_prompt(s, problems[s.id], cfg) for s in failed[: cfg.max_cards]]
+    groups = [[s] for s in failed[: cfg.max_cards]]
+    prompts = [reflection_prompt(s, problems[s.id], cfg) for (s,) in groups]
     parse = lambda r: parse_reflection(r, cfg.max_card_chars)
     role = learner.solver
   asked = ask(role, prompts, parse, learner.role_params, retries=cfg.retries, seed=learner.seed)
-  proposed = [c for a in asked if a.value for c in a.value]
+  proposed = [(t, text, group) for a, group in zip(asked, groups, strict=True) for t, text in a.value or ()]
   return proposed, [r for a in asked for r in a.replies], [e for a in asked for e in a.errors]
 
 
 def add_block(learner: Learner, tree, key, own, problems, domains) -> tuple[cards.EpistemicTree, BlockResult]:
   """ADD for one block: distil its failures into cards, keep them if its own accuracy does not drop."""
-  failed = [s for s in own if not s.correct]
   proposed, replies, errors = distill(learner, tree, key, own, problems)
-  provenance = cards.Provenance(
-    tuple(s.id for s in failed),
-    tuple(f"{s.id}#{s.stages[-1].stage}" for s in failed),
-    f"add:{learner.config.distill}",
-  )
   candidate, added, rejected = tree, [], []
-  for card_type, text in proposed:
+  for card_type, text, sources in proposed:
+    provenance = cards.Provenance(
+      tuple(s.id for s in sources),
+      tuple(f"{s.id}#{s.stages[-1].stage}" for s in sources),
+      f"add:{learner.config.distill}",
+    )
     try:
       candidate, card = candidate.add(text, card_type, *key, provenance, reason=f"ADD {'/'.join(key)}")
       added.append(card.id)
@@ -413,8 +419,19 @@ def add_block(learner: Learner, tree, key, own, problems, domains) -> tuple[card
   if added:
     after = _accuracy(learner.solve([problems[s.id] for s in own], domains, candidate))
     accepted = after >= before
+  failed = sum(not s.correct for s in own)
   result = BlockResult(
-    "/".join(key), len(own), len(failed), proposed, added, rejected, before, after, accepted, replies, errors
+    "/".join(key),
+    len(own),
+    failed,
+    [(t, text) for t, text, _ in proposed],
+    added,
+    rejected,
+    before,
+    after,
+    accepted,
+    replies,
+    errors,
   )
   return (candidate if accepted else tree), result
 
