@@ -39,8 +39,8 @@ class Shape:
 
 
 SHAPES = {
-    "a": Shape("(a) small Qwen3", 4, 512, 1536, 8, 4, 64, 32_000, 8, 64, 128),
-    "b": Shape("(b) Qwen3-0.6B shape", 28, 1024, 3072, 16, 8, 128, 151_936, 4, 64, 128),
+  "a": Shape("(a) small Qwen3", 4, 512, 1536, 8, 4, 64, 32_000, 8, 64, 128),
+  "b": Shape("(b) Qwen3-0.6B shape", 28, 1024, 3072, 16, 8, 128, 151_936, 4, 64, 128),
 }
 
 
@@ -75,10 +75,16 @@ def run_shape(shape: Shape, repeats: int, bandwidth: float) -> dict:
 
   torch.manual_seed(0)
   hf_config = transformers.Qwen3Config(
-      vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-      num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=shape.tied,
-      max_position_embeddings=4096)
+    vocab_size=shape.vocab,
+    hidden_size=shape.hidden,
+    intermediate_size=shape.intermediate,
+    num_hidden_layers=shape.layers,
+    num_attention_heads=shape.heads,
+    num_key_value_heads=shape.kv_heads,
+    head_dim=shape.head_dim,
+    tie_word_embeddings=shape.tied,
+    max_position_embeddings=4096,
+  )
   hf_model = transformers.Qwen3ForCausalLM(hf_config).eval()
   prompts = np.random.RandomState(0).randint(10, shape.vocab, (shape.batch, shape.prompt_len))
   with tempfile.TemporaryDirectory() as tmp:
@@ -104,9 +110,15 @@ def run_shape(shape: Shape, repeats: int, bandwidth: float) -> dict:
 
   def theirs(new_tokens):
     with torch.no_grad():
-      return hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                               max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                               eos_token_id=None, pad_token_id=0)
+      return hf_model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+      )
 
   theirs(2)
   hf_full = _best(lambda: theirs(shape.new_tokens), repeats)
@@ -115,7 +127,7 @@ def run_shape(shape: Shape, repeats: int, bandwidth: float) -> dict:
   # Same greedy continuation (checked on the first 16 tokens: fp32 reductions differ in order, so
   # near-ties may diverge later on random weights).
   ours_tokens = np.asarray([t[0] for t in ours(16).tokens])
-  hf_tokens = theirs(16)[:, shape.prompt_len:].numpy()
+  hf_tokens = theirs(16)[:, shape.prompt_len :].numpy()
   agreement = float(np.mean(ours_tokens == hf_tokens))
 
   steps = shape.new_tokens - 1
@@ -126,17 +138,17 @@ def run_shape(shape: Shape, repeats: int, bandwidth: float) -> dict:
   kv_bytes = 2 * shape.layers * shape.batch * mean_kv_len * shape.kv_heads * shape.head_dim * 4
   ideal_step = (weight_bytes + kv_bytes) / bandwidth
   return {
-      "shape": shape.name,
-      "ours_tok_s": shape.batch / ours_step,
-      "hf_tok_s": shape.batch / hf_step,
-      "ratio": hf_step / ours_step,
-      "compile_s": compile_s,
-      "ours_step_ms": ours_step * 1e3,
-      "hf_step_ms": hf_step * 1e3,
-      "roofline_step_ms": ideal_step * 1e3,
-      "roofline_fraction": ideal_step / ours_step,
-      "hf_roofline_fraction": ideal_step / hf_step,
-      "greedy_agreement_16": agreement,
+    "shape": shape.name,
+    "ours_tok_s": shape.batch / ours_step,
+    "hf_tok_s": shape.batch / hf_step,
+    "ratio": hf_step / ours_step,
+    "compile_s": compile_s,
+    "ours_step_ms": ours_step * 1e3,
+    "hf_step_ms": hf_step * 1e3,
+    "roofline_step_ms": ideal_step * 1e3,
+    "roofline_fraction": ideal_step / ours_step,
+    "hf_roofline_fraction": ideal_step / hf_step,
+    "greedy_agreement_16": agreement,
   }
 
 
@@ -149,19 +161,26 @@ def main(argv):
   import torch
 
   bandwidth = measure_bandwidth()
-  print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
-        f"measured read bandwidth {bandwidth / 1e9:.1f} GB/s")
-  header = (f"{'shape':24} {'ours tok/s':>10} {'HF tok/s':>9} {'ratio':>6} {'compile s':>9} "
-            f"{'ours ms/step':>12} {'HF ms/step':>10} {'roofline ms':>11} {'ours %roof':>10} "
-            f"{'HF %roof':>8} {'agree':>5}")
+  print(
+    f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}, "
+    f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
+    f"measured read bandwidth {bandwidth / 1e9:.1f} GB/s"
+  )
+  header = (
+    f"{'shape':24} {'ours tok/s':>10} {'HF tok/s':>9} {'ratio':>6} {'compile s':>9} "
+    f"{'ours ms/step':>12} {'HF ms/step':>10} {'roofline ms':>11} {'ours %roof':>10} "
+    f"{'HF %roof':>8} {'agree':>5}"
+  )
   print(header)
   for key in _SHAPES.value:
     r = run_shape(SHAPES[key], _REPEATS.value, bandwidth)
-    print(f"{r['shape']:24} {r['ours_tok_s']:10.1f} {r['hf_tok_s']:9.1f} {r['ratio']:6.2f} "
-          f"{r['compile_s']:9.1f} {r['ours_step_ms']:12.2f} {r['hf_step_ms']:10.2f} "
-          f"{r['roofline_step_ms']:11.2f} {100 * r['roofline_fraction']:9.0f}% "
-          f"{100 * r['hf_roofline_fraction']:7.0f}% {r['greedy_agreement_16']:5.2f}", flush=True)
+    print(
+      f"{r['shape']:24} {r['ours_tok_s']:10.1f} {r['hf_tok_s']:9.1f} {r['ratio']:6.2f} "
+      f"{r['compile_s']:9.1f} {r['ours_step_ms']:12.2f} {r['hf_step_ms']:10.2f} "
+      f"{r['roofline_step_ms']:11.2f} {100 * r['roofline_fraction']:9.0f}% "
+      f"{100 * r['hf_roofline_fraction']:7.0f}% {r['greedy_agreement_16']:5.2f}",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

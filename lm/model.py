@@ -177,14 +177,27 @@ class Qwen(nnx.Module):
     x = self._constrain(x)
     if cache is None:
       hidden = decoder_stack(
-        self.config, self.stacked_layer_weights(), x, positions, key_mask, dtype=self.dtype, remat=remat,
+        self.config,
+        self.stacked_layer_weights(),
+        x,
+        positions,
+        key_mask,
+        dtype=self.dtype,
+        remat=remat,
         constrain=self._constrain,
       )
       new_cache = None
     else:
       hidden, new_cache = cached_decoder_stack(
-        self.config, layer_weights or self.unstacked_layer_weights(), x, positions, key_mask, cache,
-        cache_index, dtype=self.dtype, constrain=self._constrain,
+        self.config,
+        layer_weights or self.unstacked_layer_weights(),
+        x,
+        positions,
+        key_mask,
+        cache,
+        cache_index,
+        dtype=self.dtype,
+        constrain=self._constrain,
       )
     return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
 

@@ -168,9 +168,7 @@ class Sampler:
       )
     return out
 
-  def _generate_chunk(
-    self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput
-  ) -> None:
+  def _generate_chunk(self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput) -> None:
     num = len(prompts)
     batch_multiple = 1
     if self.mesh is not None:
@@ -280,7 +278,11 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
     positions = default_positions(mask)
     layer_weights = model.unstacked_layer_weights()  # split once, outside the decode loop
     logits, cache = model(
-      tokens, positions=positions, attention_mask=key_mask, cache=cache, cache_index=0,
+      tokens,
+      positions=positions,
+      attention_mask=key_mask,
+      cache=cache,
+      cache_index=0,
       layer_weights=layer_weights,
     )
     last_logits = logits[:, -1]  # [P, V]
