@@ -117,15 +117,34 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     )
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
+  # dpa_grpo.reproduce: a supervised warm start of a from-scratch backbone (steps=0: none; fields
+  # of dpa_grpo.warm_start.WarmStartConfig) and the methods run beside `method` for comparison.
+  c.warm_start = ml_collections.ConfigDict(
+    dict(steps=0, batch_size=16, learning_rate=3e-3, warmup_steps=20, wrong_fraction=0.5, seed=0)
+  )
+  c.compare = ()
 
   if size == "cpu":
-    c.model.overrides = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
+    # The CPU-scale reproduction (docs/taxcalc.md): ~10 minutes on 2 cores. A from-scratch model
+    # warm-started on the training cases, then DPA-GRPO and generator-only GRPO from it. Lines: two
+    # the warm-started model gets right from priors (12, 27), two it can get right or wrong (34, 37:
+    # one is 0), three it cannot yet compute (1a, 16, 25d); difficulty-0 forms (single filers).
+    c.model.overrides = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1)
+    c.data.synthetic = dict(n=60, seed=0, difficulty=0)
     c.rollout.update(
-      compact_forms=True, max_new_tokens=48, verdict_tokens=48, decision_tokens=12, revisions=3, group_size=4
+      lines=("1a", "12", "16", "25d", "27", "34", "37"),
+      compact_forms=True,
+      max_new_tokens=24,
+      verdict_tokens=40,
+      decision_tokens=10,
+      revisions=3,
+      group_size=4,
     )
+    c.warm_start.update(steps=300, batch_size=8, learning_rate=1e-2)
+    c.compare = ("grpo",)
     c.optim.lr = 1e-3
     c.lora.update(rank=8, alpha=16.0)
-    c.train.update(steps=30, eval_every=5, checkpoint_every=5, pairs_per_chunk=16)
+    c.train.update(steps=20, eval_every=5, patience=100, checkpoint_every=5, pairs_per_chunk=16)
   elif size == "tiny":
     c.model.tokenizer_vocab = 512
     c.data.synthetic = dict(n=6, seed=0, difficulty=0)

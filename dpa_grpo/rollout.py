@@ -51,8 +51,9 @@ class RolloutConfig:
     explore: probability that a SAC'd unit's decision is forced to REVISE during training.
     max_new_tokens: longest draft or revision; verdict_tokens, decision_tokens: longest replies.
     tolerance: the oracle's per-line tolerance (0: strict, the paper's; 5: lenient).
-    compact_forms: show input fields as {field: value} without their labels (shorter prompts for
-      small models; the real benchmark's prompt keeps labels).
+    compact_forms: the short prompt style of small models: input fields as {field: value}
+      without labels or names (`compact`), lines by number (`taxcalc.line_prompt(compact=True)`)
+      and answers without the line's description; the real benchmark's prompt keeps everything.
     enable_thinking: Qwen3's chat-template switch (None: the template's default).
     invalid_verdict_action, invalid_decision_action: what an unreadable reply plays.
     group_size: completions per prompt of the generator-only baselines.
@@ -86,6 +87,18 @@ class RolloutConfig:
       raise ValueError(f"invalid_verdict_action must be one of {game.VERIFIER_ACTIONS}")
     if self.invalid_decision_action not in game.GENERATOR_ACTIONS:
       raise ValueError(f"invalid_decision_action must be one of {game.GENERATOR_ACTIONS}")
+
+  def show(self, case: taxcalc.TaxCase) -> taxcalc.TaxCase:
+    """The case as prompts display it."""
+    return compact(case) if self.compact_forms else case
+
+  def line_prompt(self, shown: taxcalc.TaxCase, line_id: str, drafted) -> str:
+    """The draft prompt of one unit of a `show`n case in this config's style."""
+    return taxcalc.line_prompt(shown, line_id, drafted, self.answer_format, compact=self.compact_forms)
+
+  def answer(self, line_id: str, amount: float, explanation: str) -> str:
+    """A well-formed answer in this config's style (warm starts, the task tokenizer)."""
+    return taxcalc.render_line_answer(line_id, amount, explanation, self.answer_format, self.compact_forms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,13 +238,16 @@ class Unit:
 
 
 def compact(case: taxcalc.TaxCase) -> taxcalc.TaxCase:
-  """The case with every `{label, value}` input field shown as its value alone."""
+  """The case with every `{label, value}` input field shown as its value alone, names dropped
+  (`*_name` fields: people, employers and payers never enter a Form 1040 amount) and empty
+  lists and objects left out."""
 
   def strip(node):
     if isinstance(node, dict):
       if set(node) == {"label", "value"}:
         return node["value"]
-      return {k: strip(v) for k, v in node.items()}
+      kept = {k: strip(v) for k, v in node.items() if not k.endswith("_name")}
+      return {k: v for k, v in kept.items() if v not in ([], {})}  # "no 1099s" = no list
     if isinstance(node, list):
       return [strip(v) for v in node]
     return node
@@ -286,14 +302,12 @@ def play(
   sampling = dict(top_p=cfg.top_p, top_k=cfg.top_k)
   fallback_verdict = game.VERIFIER_ACTIONS.index(cfg.invalid_verdict_action)
   fallback_decision = game.GENERATOR_ACTIONS.index(cfg.invalid_decision_action)
-  shown = [compact(c) if cfg.compact_forms else c for c in cases]
+  shown = [cfg.show(c) for c in cases]
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
   units: list[Unit] = []
   for li, line_id in enumerate(cfg.lines):
     seeds = lambda phase, n: stage_seeds(seed, step, li, phase, n)  # noqa: B023
-    prompts = [
-      taxcalc.line_prompt(c, line_id, d, cfg.answer_format) for c, d in zip(shown, drafted, strict=True)
-    ]
+    prompts = [cfg.line_prompt(c, line_id, d) for c, d in zip(shown, drafted, strict=True)]
     ids, drafts = generator.generate(
       prompts,
       n=1,
@@ -410,13 +424,11 @@ def sample_groups(
   cases: Sequence[taxcalc.TaxCase], generator: RolePolicy, cfg: RolloutConfig, *, seed: int, step: int
 ) -> list[Group]:
   """Generator-only episodes: G completions per line prompt; the first one is carried forward."""
-  shown = [compact(c) if cfg.compact_forms else c for c in cases]
+  shown = [cfg.show(c) for c in cases]
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
   groups = []
   for li, line_id in enumerate(cfg.lines):
-    prompts = [
-      taxcalc.line_prompt(c, line_id, d, cfg.answer_format) for c, d in zip(shown, drafted, strict=True)
-    ]
+    prompts = [cfg.line_prompt(c, line_id, d) for c, d in zip(shown, drafted, strict=True)]
     ids, samples = generator.generate(
       prompts,
       n=cfg.group_size,

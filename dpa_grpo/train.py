@@ -49,7 +49,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dpa_grpo import game, losses, rollout
+from dpa_grpo import game, losses, rollout, warm_start
 from dpa_grpo.envs import forms, taxcalc
 from lm import checkpoint as ckpt_lib
 from lm import io, lora, scoring
@@ -62,6 +62,9 @@ from lm.model import Qwen
 _log = logging.getLogger(__name__)
 
 METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
+# Rollout prompts are long and of similar lengths: padding them to multiples of 64 rather than to
+# powers of two keeps prefill attention (quadratic in the padded length) from doubling.
+_SAMPLER = sampler_lib.SamplerConfig(prompt_bucket_multiple=64)
 BEST_METRIC = "accuracy"  # post-revision accuracy (DPA-GRPO); draft accuracy (generator-only)
 
 
@@ -76,13 +79,13 @@ def task_tokenizer(
   if os.path.exists(os.path.join(path, "tokenizer.json")):
     return path
   corpus = list(game.VERIFIER_PAIR + game.GENERATOR_PAIR)
-  sac = game.SAC("the amount is wrong", "it does not follow the form", "the input fields")
+  sac = warm_start.TEMPLATE_SAC
   for case in cases:
-    shown = rollout.compact(case) if cfg.compact_forms else case
+    shown = cfg.show(case)
     drafted: dict[str, float | None] = {}
     for line_id in cfg.lines:
-      prompt = taxcalc.line_prompt(shown, line_id, drafted, cfg.answer_format)
-      answer = taxcalc.render_line_answer(line_id, case.gold[line_id], "from the forms", cfg.answer_format)
+      prompt = cfg.line_prompt(shown, line_id, drafted)
+      answer = cfg.answer(line_id, case.gold[line_id], warm_start.EXPLANATION)
       corpus += [
         prompt,
         answer,
@@ -205,10 +208,11 @@ class Item:
 
 
 def _bucket(n: int, minimum: int = 64) -> int:
-  """Powers of two up to 512, then multiples of 256: few compiled widths, little padding."""
-  if n <= 512:
+  """Powers of two up to 256, then multiples of 128 up to 1024, then of 256: few compiled widths,
+  little padding (attention cost is quadratic in the width)."""
+  if n <= 256:
     return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-  return _round_up(n, 256)
+  return _round_up(n, 128 if n <= 1024 else 256)
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -437,7 +441,7 @@ class Trainer:
     self.batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
     self.samplers = {
       role: rollout.RolePolicy(
-        sampler_lib.Sampler(self._view(role), tokenizer=self.tokenizer, mesh=self.mesh),
+        sampler_lib.Sampler(self._view(role), tokenizer=self.tokenizer, mesh=self.mesh, config=_SAMPLER),
         self.tokenizer,
         self.rollout_cfg.enable_thinking,
       )

@@ -1,6 +1,10 @@
-"""Trains generator and verifier with DPA-GRPO (or a baseline). See configs/dpa_grpo.py, docs/dpa_grpo.md.
+"""Trains generator and verifier with DPA-GRPO (or a baseline) and writes the report.
 
-  python -m launch.dpa_grpo --workdir=/tmp/dpa                      # CPU default, synthetic forms
+The default config is the CPU-scale reproduction (warm start, DPA-GRPO, generator-only GRPO, the
+report with the theory overlay; about 10 minutes on 2 cores). See configs/dpa_grpo.py,
+docs/dpa_grpo.md.
+
+  python -m launch.dpa_grpo --workdir=runs/dpa_grpo                 # CPU default, synthetic forms
   python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=/tmp/dpa_tiny
   python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=... \
       --config.model.checkpoint=/models/Qwen3-4B --config.data.root=.../ty24/test_data
@@ -9,7 +13,7 @@
 from absl import app, flags
 from ml_collections import config_flags
 
-from dpa_grpo import train
+from dpa_grpo import reproduce
 from lm import io, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py", lock_config=True)
@@ -20,7 +24,7 @@ def main(argv):
   del argv
   sharding.initialize_distributed()
   workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
-  train.run(_CONFIG.value, workdir)
+  reproduce.run(_CONFIG.value, workdir)
 
 
 if __name__ == "__main__":

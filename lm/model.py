@@ -329,7 +329,10 @@ def decoder_layer(
   """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis).
 
   With `kv` (this layer's cache, [B, K, S, H] each), the new keys/values are written at slot
-  `cache_index` and attention reads the whole cache; otherwise attention is over x itself.
+  `cache_index` and attention reads the whole cache (`mask` [B, T, S]), except for a prefill
+  (`cache_index` the static 0), which attends over its own keys only (`mask` [B, T, T]): the
+  slots after them are still empty, and scores over them would be computed only to be masked.
+  Without `kv` attention is over x itself.
   """
   eps = config.rms_norm_eps
   cast = lambda name: w[name].astype(dtype)
@@ -350,7 +353,8 @@ def decoder_layer(
       "k": jax.lax.dynamic_update_slice_in_dim(kv["k"], k.astype(kv["k"].dtype), cache_index, axis=2),
       "v": jax.lax.dynamic_update_slice_in_dim(kv["v"], v.astype(kv["v"].dtype), cache_index, axis=2),
     }
-    k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
+    if not _is_prefill(cache_index):
+      k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
   attn = attention(q, k, v, mask)  # [B, T, N, H]
   x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
   h = rms_norm(x, w["post_norm_d"], eps)
@@ -358,6 +362,11 @@ def decoder_layer(
   up = project("btd,df->btf", h, w, "up_df", dtype)
   x = x + project("btf,fd->btd", jax.nn.silu(gate) * up, w, "down_fd", dtype)
   return x, kv
+
+
+def _is_prefill(cache_index: Array | int) -> bool:
+  """Whether a cached call writes the first slots of an empty cache (known at trace time)."""
+  return isinstance(cache_index, int) and cache_index == 0
 
 
 def _attention_mask(key_mask: Array, length: int, cache_index: Array | int) -> Array:
@@ -408,7 +417,9 @@ def cached_decoder_stack(
   Unrolling (instead of scanning) is what keeps a decode step at one read of every weight: a scan
   over stacked weights copies each layer's slice, and a scanned cache is rewritten every step.
   """
-  mask = _attention_mask(key_mask, x.shape[1], cache_index)
+  length = x.shape[1]
+  keys = key_mask[:, :length] if _is_prefill(cache_index) else key_mask  # see `decoder_layer`
+  mask = _attention_mask(keys, length, cache_index)
   new_cache = []
   for w, kv in zip(layer_weights, cache, strict=True):
     x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype)

@@ -65,6 +65,9 @@ class SamplerConfig:
 
   Attributes:
     min_prompt_bucket: smallest padded prompt length; buckets grow in powers of two.
+    prompt_bucket_multiple: > 0 rounds prompt lengths up to a multiple of this instead (more
+      compiled shapes, less padding: prefill attention is quadratic in the padded length, so
+      long prompts of similar lengths — RL rollouts — run much faster with e.g. 64).
     step_bucket: `max_new_tokens` is rounded up to a multiple of this (the loop still stops at
       the requested count; only buffer shapes are rounded).
     min_rows: smallest prompt-row bucket (a server sees batches of every size: a floor of 8
@@ -74,6 +77,7 @@ class SamplerConfig:
   """
 
   min_prompt_bucket: int = 16
+  prompt_bucket_multiple: int = 0
   min_rows: int = 1
   step_bucket: int = 64
   max_rows: int = 256
@@ -178,7 +182,11 @@ class Sampler:
     if self.mesh is not None:
       batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
     rows = _round_up(_bucket(num, self.config.min_rows), batch_multiple)
-    prompt_len = _bucket(max(len(p) for p in prompts), self.config.min_prompt_bucket)
+    longest = max(len(p) for p in prompts)
+    if self.config.prompt_bucket_multiple > 0:
+      prompt_len = max(_round_up(longest, self.config.prompt_bucket_multiple), self.config.min_prompt_bucket)
+    else:
+      prompt_len = _bucket(longest, self.config.min_prompt_bucket)
     steps = _round_up(max(params["max_new_tokens"]), self.config.step_bucket)
     tokens = np.full((rows, prompt_len), self.pad_id, np.int32)
     mask = np.zeros((rows, prompt_len), np.int32)

@@ -379,13 +379,18 @@ def format_amount(amount: float) -> str:
 
 
 def render_line_answer(
-  line_id: str, amount: float, explanation: str = "", answer_format: str = "line"
+  line_id: str, amount: float, explanation: str = "", answer_format: str = "line", compact: bool = False
 ) -> str:
-  """An answer in the documented format, as the parser reads it (for warm starts and tests)."""
+  """An answer in the documented format, as the parser reads it (for warm starts and tests).
+
+  `compact` drops the line's description (`Line 16: <explanation> | 4016`), which the parser
+  reads the same way.
+  """
   line = line_by_id(line_id)
   if answer_format == "line":
     why = " ".join(explanation.replace("|", "/").split())
-    return f"{line.label} | {why} | {format_amount(amount)}"
+    head = f"Line {line.id}:" if compact else f"{line.label} |"
+    return f"{head} {why} | {format_amount(amount)}"
   if answer_format == "json":
     return json.dumps({"line": line.id, "explanation": explanation, "amount": amount}, ensure_ascii=False)
   raise ValueError(f"answer_format must be 'line' or 'json', got {answer_format!r}")
@@ -408,6 +413,12 @@ _FORMAT_INSTRUCTIONS = {
 }
 
 
+_COMPACT_ANSWER = {
+  "line": "Line {id}: <why> | <amount>",
+  "json": '{{"line": "{id}", "explanation": "<why>", "amount": <amount>}}',
+}
+
+
 def render_drafted(drafted: Mapping[str, float | None]) -> str:
   """The lines drafted so far, in form order; None (an unparsed draft) shows as `unparsed`."""
   for line_id in drafted:
@@ -421,15 +432,28 @@ def render_drafted(drafted: Mapping[str, float | None]) -> str:
 
 
 def line_prompt(
-  case: TaxCase, line_id: str, drafted: Mapping[str, float | None], answer_format: str = "line"
+  case: TaxCase,
+  line_id: str,
+  drafted: Mapping[str, float | None],
+  answer_format: str = "line",
+  compact: bool = False,
 ) -> str:
   """The prompt for one decision unit: the taxpayer's input, the drafted lines, one line to fill.
 
-  The input is shown as compact JSON, as the benchmark's own prompt shows input.json.
+  The input is shown as compact JSON, as the benchmark's own prompt shows input.json. `compact`
+  is the short style of CPU-scale runs (a tiny model's cost is quadratic in prompt length): the
+  same facts with line numbers instead of descriptions and one-line instructions.
   """
   line = line_by_id(line_id)
   if answer_format not in _FORMAT_INSTRUCTIONS:
     raise ValueError(f"answer_format must be one of {sorted(_FORMAT_INSTRUCTIONS)}, got {answer_format!r}")
+  if compact:
+    done = ", ".join(f"{k}={'unparsed' if v is None else format_amount(v)}" for k, v in drafted.items())
+    answer = _COMPACT_ANSWER[answer_format].format(id=line.id)
+    return (
+      f"Form 1040 {TAX_YEAR}. Input: {json.dumps(case.forms, ensure_ascii=False)}\n"
+      f"Lines: {done or 'none'}\nCompute line {line.id}. Answer: {answer}"
+    )
   instructions = _FORMAT_INSTRUCTIONS[answer_format].format(label=line.label, id=line.id)
   return (
     f"You are preparing a federal Form 1040 for tax year {TAX_YEAR}, one line at a time.\n\n"

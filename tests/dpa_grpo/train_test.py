@@ -95,7 +95,8 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
   command += [f"--config.{k}={v}" for k, v in OVERRIDES.items() if k != "rollout.lines"]
   command += ["--config.rollout.lines=('1a',)"]
   proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  first = os.path.join(workdir_b, "checkpoints", "1")
+  run_b = os.path.join(workdir_b, "dpa_grpo")  # the launcher's layout (dpa_grpo.reproduce)
+  first = os.path.join(run_b, "checkpoints", "1")
   deadline = time.time() + 600
   while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
@@ -104,20 +105,21 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
   )
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  assert not os.path.isdir(os.path.join(workdir_b, "checkpoints", str(STEPS)))
+  assert not os.path.isdir(os.path.join(run_b, "checkpoints", str(STEPS)))
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=900)
   assert done.returncode == 0, done.stderr.decode()[-3000:]
 
   trainer_like = train.Trainer(config, workdir_a)  # its tokenizer: the run's own
   params_a, meta_a = _final_params(workdir_a, trainer_like)
-  params_b, meta_b = _final_params(workdir_b, trainer_like)
+  params_b, meta_b = _final_params(run_b, trainer_like)
   leaves_a, leaves_b = jax.tree.leaves(params_a), jax.tree.leaves(params_b)
   assert len(leaves_a) == len(leaves_b) > 0
   for a, b in zip(leaves_a, leaves_b, strict=True):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
   assert meta_a == meta_b
-  steps_b = [e["step"] for e in io.read_jsonl(os.path.join(workdir_b, "metrics.jsonl")) if "eval" not in e]
+  steps_b = [e["step"] for e in io.read_jsonl(os.path.join(run_b, "metrics.jsonl")) if "eval" not in e]
   assert steps_b == [1, 2, 3]  # the killed run's lines after its checkpoint were dropped
+  assert os.path.exists(os.path.join(workdir_b, "report.md"))
 
 
 def test_generator_only_baseline_trains(tmp_path):

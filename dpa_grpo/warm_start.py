@@ -1,0 +1,181 @@
+"""A supervised warm start on tax-form cases, so both roles start non-trivial but imperfect.
+
+A model trained from scratch knows neither the answer format nor the game's reply formats, and a
+role that never emits a valid reply gives the RL stage nothing to compare: every draft fails, every
+verdict is unreadable. CPU-scale reproductions therefore begin with a short supervised stage on
+the *training* cases (never the test split) that teaches each turn of an episode its format and
+some of its content:
+
+  draft     line prompt (earlier lines drafted correctly)      -> the gold line answer
+  verify    verifier prompt with a right or a corrupted answer -> "correct", or "wrong" + the SAC
+  revise    revision prompt after a corrupted answer           -> the gold line answer
+  decide    decision prompt with a (proposal, revision) pair   -> REVISE iff only the revision is
+            right, else KEEP (the oracle's label)
+
+Corrupted answers are what a weak preparer gets wrong: a digit changed, dropped or swapped, the
+amount off by a small or large margin, a zero where there is an amount and an amount where there
+is a zero. The stage is short on purpose (`WarmStartConfig.steps`): the roles come out able to
+play but far from right, which is the regime DPA-GRPO is about. The result is a plain HF
+checkpoint plus tokenizer directory, so the RL stage loads it like any real checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+from collections.abc import Sequence
+
+from dpa_grpo import game, rollout
+from dpa_grpo.envs import taxcalc
+from lm import hf, io, sft
+from lm import sharding as sharding_lib
+from lm import tokenizer as tokenizer_lib
+
+_log = logging.getLogger(__name__)
+
+TURNS = ("draft", "verify", "revise", "decide")
+EXPLANATION = "from the forms"  # the explanation field of every warm-start answer
+TEMPLATE_SAC = game.SAC("the amount is wrong", "it does not follow the form", "the input fields")
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+  """The supervised stage.
+
+  Attributes:
+    steps, batch_size, learning_rate, warmup_steps: `lm.sft.SFTConfig` knobs.
+    wrong_fraction: share of verifier examples whose proposal is corrupted.
+    turns: which turns get examples (see the module docstring).
+    seed: example sampling, corruption and batch order.
+  """
+
+  steps: int = 300
+  batch_size: int = 16
+  learning_rate: float = 3e-3
+  warmup_steps: int = 20
+  wrong_fraction: float = 0.5
+  turns: tuple[str, ...] = TURNS
+  seed: int = 0
+
+  def __post_init__(self):
+    unknown = set(self.turns) - set(TURNS)
+    if unknown:
+      raise ValueError(f"warm-start turns must be among {TURNS}, got {sorted(unknown)}")
+
+
+def corrupt(amount: float, rng: random.Random) -> float:
+  """A wrong amount of the kind a weak preparer writes; never equal to `amount`."""
+  value = int(round(amount))
+  if value == 0:
+    return float(rng.choice([1, 10, 100]) * rng.randint(1, 99))
+  sign = 1 if value > 0 else -1
+  digits = list(str(abs(value)))
+  kind = rng.randrange(6)
+  if kind == 0:  # one digit changed
+    i = rng.randrange(len(digits))
+    digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
+    wrong = sign * int("".join(digits))
+  elif kind == 1 and len(digits) > 1:  # one digit dropped
+    del digits[rng.randrange(len(digits))]
+    wrong = sign * int("".join(digits))
+  elif kind == 2 and len(digits) > 1:  # two neighbours swapped
+    i = rng.randrange(len(digits) - 1)
+    digits[i], digits[i + 1] = digits[i + 1], digits[i]
+    wrong = sign * int("".join(digits))
+  elif kind == 3:  # off by a small margin
+    wrong = value + rng.choice([-1, 1]) * rng.randint(1, 99)
+  elif kind == 4:  # off by a large margin
+    wrong = round(value * rng.uniform(0.5, 1.5))
+  else:  # a zero where there is an amount
+    wrong = 0
+  return float(wrong if wrong != value else value + 1)
+
+
+def examples(
+  cases: Sequence[taxcalc.TaxCase],
+  tokenizer: tokenizer_lib.Tokenizer,
+  rollout_cfg: rollout.RolloutConfig,
+  config: WarmStartConfig,
+) -> dict[str, list[sft.Example]]:
+  """(prompt ids, completion ids) examples of every turn, from episodes drafted with gold lines.
+
+  Prompts and answers are in `rollout_cfg`'s style over its lines. Completions end with EOS.
+  """
+  rng = random.Random(config.seed)
+  eos = [tokenizer.eos_ids[0]]
+  chat = lambda text: tokenizer.encode_chat([{"role": "user", "content": text}])
+  out: dict[str, list[sft.Example]] = {turn: [] for turn in config.turns}
+
+  def add(turn: str, prompt: str, completion: str) -> None:
+    if turn in out:
+      out[turn].append((chat(prompt), tokenizer.encode(completion) + eos))
+
+  for case in cases:
+    shown = rollout_cfg.show(case)
+    drafted: dict[str, float | None] = {}
+    for line_id in rollout_cfg.lines:
+      gold = case.gold[line_id]
+      answer = lambda amount: rollout_cfg.answer(line_id, amount, EXPLANATION)  # noqa: B023
+      prompt = rollout_cfg.line_prompt(shown, line_id, drafted)
+      right, wrong = answer(gold), answer(corrupt(gold, rng))
+      add("draft", prompt, right)
+      if rng.random() < config.wrong_fraction:
+        add("verify", game.verifier_prompt(prompt, wrong), game.render_verifier_reply("wrong", TEMPLATE_SAC))
+      else:
+        add("verify", game.verifier_prompt(prompt, right), game.render_verifier_reply("correct"))
+      add("revise", game.revision_prompt(prompt, wrong, TEMPLATE_SAC), right)
+      x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
+      proposal = right if x_right else wrong
+      revision = right if z_right else answer(corrupt(gold, rng))
+      revise = z_right and not x_right
+      add(
+        "decide", game.decision_prompt(prompt, proposal, TEMPLATE_SAC, revision), game.render_decision(revise)
+      )
+      drafted[line_id] = gold
+  return out
+
+
+def run(config, workdir: str, cases: Sequence[taxcalc.TaxCase]) -> str:
+  """Trains the backbone of `config.model` on `cases` and writes it (HF weights + tokenizer) to
+  `workdir`; returns that directory. A directory that already holds the result is reused."""
+  done = os.path.join(workdir, "warm_start.json")
+  if os.path.exists(done):
+    return workdir
+  from dpa_grpo import train  # the task tokenizer and model construction are the trainer's
+
+  ws = WarmStartConfig(**config.warm_start)
+  rollout_cfg = train.rollout_config(config)
+  tokenizer_dir = config.model.tokenizer or train.task_tokenizer(
+    os.path.join(workdir, "tokenizer"), cases, rollout_cfg, config.model.tokenizer_vocab
+  )
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+  mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(**config.mesh))
+  model, _ = train.load_model(config, mesh, tokenizer_dir)
+  by_turn = examples(cases, tokenizer, rollout_cfg, ws)
+  pooled = [e for turn in ws.turns for e in by_turn[turn]]
+  sft_cfg = sft.SFTConfig(
+    steps=ws.steps,
+    batch_size=ws.batch_size,
+    learning_rate=ws.learning_rate,
+    warmup_steps=ws.warmup_steps,
+    seed=ws.seed,
+    length_multiple=64,
+    log_every=max(ws.steps // 10, 1),
+    vocab_chunk=config.loss.vocab_chunk,
+  )
+  model, history = sft.train_sft(model, pooled, sft_cfg, pad_id=tokenizer.pad_id)
+  hf.save_hf(model, workdir)
+  tokenizer.hf.save_pretrained(workdir)
+  io.write_json(
+    done,
+    {
+      "examples": {turn: len(v) for turn, v in by_turn.items()},
+      "config": dataclasses.asdict(ws),
+      "history": history,
+    },
+  )
+  _log.info("warm start: %s", json.dumps(history[-1]))
+  return workdir
