@@ -105,7 +105,9 @@ class CheckpointManager:
   """
 
   def __init__(self, directory: str | os.PathLike, config: CheckpointConfig | None = None):
-    self.directory = os.fspath(directory)
+    directory = os.fspath(directory)
+    # Orbax wants absolute paths; a relative run directory (`--workdir=runs/x`) is the caller's cwd.
+    self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.config = config or CheckpointConfig()
     if self.config.best_metric is not None:
       # Orbax ranks steps by this; its default (None) would rank none and disable `best_step`.

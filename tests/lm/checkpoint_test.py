@@ -91,6 +91,17 @@ def test_round_trip_is_bit_exact(tmp_path):
     assert got.sharding == want.sharding
 
 
+def test_relative_directory_is_the_working_directory(tmp_path, monkeypatch):
+  # `--workdir=runs/x` hands relative paths down; orbax itself only takes absolute ones.
+  monkeypatch.chdir(tmp_path)
+  state = _train_state(make_mesh(MeshConfig(data=8)))
+  with checkpoint.CheckpointManager(os.path.join("runs", "ckpt")) as ckpt:
+    ckpt.save(1, state, METADATA)
+    restored, _ = ckpt.restore(1, checkpoint.abstract_like(state))
+  _assert_bit_equal(restored, state)
+  assert os.path.isdir(tmp_path / "runs" / "ckpt" / "1")
+
+
 @pytest.mark.parametrize("saved_on", [dict(data=8), dict(data=1, fsdp=4, tp=2)])
 def test_restore_onto_another_mesh(tmp_path, saved_on):
   state = _train_state(make_mesh(MeshConfig(**saved_on)))
