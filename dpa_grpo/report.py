@@ -58,16 +58,18 @@ def _fmt(p: float, ci: Sequence[float]) -> str:
 # ---- measured cases of the training rollouts --------------------------------------------------
 
 
+def _sampled_decision(record: dict[str, Any], fallback: int) -> int:
+  """The generator's sampled KEEP/REVISE of a SAC'd unit's record (before any forced REVISE)."""
+  return game.parse_decision((record.get("decision") or {}).get("text", ""), fallback).action
+
+
 def sampled_cases(records: Sequence[dict[str, Any]], invalid_decision_action: str) -> list[tuple[int, str]]:
   """(step, case) of every training unit with the generator's *sampled* decision (no exploration)."""
   fallback = game.GENERATOR_ACTIONS.index(invalid_decision_action)
   out = []
   for r in records:
     sac = r["verifier_action"] == "SAC"
-    action = None
-    if sac:
-      text = (r.get("decision") or {}).get("text", "")
-      action = game.parse_decision(text, fallback).action
+    action = _sampled_decision(r, fallback) if sac else None
     out.append((r["step"], game.classify_case(r["x_right"], int(sac), action, r["z_right"])))
   return out
 
@@ -81,9 +83,7 @@ def estimate_game(records: Sequence[dict[str, Any]], invalid_decision_action: st
   sac = np.array([r["verifier_action"] == "SAC" for r in records], bool)
   challenged = [r for r, s in zip(records, sac, strict=True) if s]
   z_given = [[r["z_right"] for r in challenged if r["x_right"] == s] for s in (False, True)]
-  revise = [
-    game.parse_decision((r.get("decision") or {}).get("text", ""), fallback).action for r in challenged
-  ]
+  revise = [_sampled_decision(r, fallback) for r in challenged]
   return theory.Game(
     p_x_right=clip(x.mean()),
     p_z_right=(clip(mean(z_given[0], 0.5)), clip(mean(z_given[1], 0.5))),

@@ -255,6 +255,17 @@ def compact(case: taxcalc.TaxCase) -> taxcalc.TaxCase:
   return dataclasses.replace(case, forms=strip(case.forms))
 
 
+def gold_episodes(cases: Sequence[taxcalc.TaxCase], cfg: RolloutConfig):
+  """(case, line id, draft prompt) of every unit of `cases` in drafting order, every earlier line
+  drafted right: the texts a task tokenizer is fitted to and a warm start is trained on."""
+  for case in cases:
+    shown = cfg.show(case)
+    drafted: dict[str, float | None] = {}
+    for line_id in cfg.lines:
+      yield case, line_id, cfg.line_prompt(shown, line_id, drafted)
+      drafted[line_id] = case.gold[line_id]
+
+
 def stage_seeds(seed: int, step: int, line_index: int, phase: str, n: int) -> list[int]:
   """Per-prompt sampler seeds of one call: a function of (run seed, step, line, turn) only."""
   state = np.random.SeedSequence([seed, step, line_index, _PHASES[phase]]).generate_state(max(n, 1))

@@ -80,20 +80,15 @@ def task_tokenizer(
     return path
   corpus = list(game.VERIFIER_PAIR + game.GENERATOR_PAIR)
   sac = warm_start.TEMPLATE_SAC
-  for case in cases:
-    shown = cfg.show(case)
-    drafted: dict[str, float | None] = {}
-    for line_id in cfg.lines:
-      prompt = cfg.line_prompt(shown, line_id, drafted)
-      answer = cfg.answer(line_id, case.gold[line_id], warm_start.EXPLANATION)
-      corpus += [
-        prompt,
-        answer,
-        game.verifier_prompt(prompt, answer),
-        game.render_verifier_reply("wrong", sac),
-      ]
-      corpus.append(game.decision_prompt(prompt, answer, sac, answer))
-      drafted[line_id] = case.gold[line_id]
+  for case, line_id, prompt in rollout.gold_episodes(cases, cfg):
+    answer = cfg.answer(line_id, case.gold[line_id], warm_start.EXPLANATION)
+    corpus += [
+      prompt,
+      answer,
+      game.verifier_prompt(prompt, answer),
+      game.render_verifier_reply("wrong", sac),
+      game.decision_prompt(prompt, answer, sac, answer),
+    ]
   return tokenizer_lib.train_bpe_tokenizer(path, corpus, vocab_size=vocab_size, split_digits=True)
 
 

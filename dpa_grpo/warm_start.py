@@ -113,28 +113,23 @@ def examples(
     if turn in out:
       out[turn].append((chat(prompt), tokenizer.encode(completion) + eos))
 
-  for case in cases:
-    shown = rollout_cfg.show(case)
-    drafted: dict[str, float | None] = {}
-    for line_id in rollout_cfg.lines:
-      gold = case.gold[line_id]
-      answer = lambda amount: rollout_cfg.answer(line_id, amount, EXPLANATION)  # noqa: B023
-      prompt = rollout_cfg.line_prompt(shown, line_id, drafted)
-      right, wrong = answer(gold), answer(corrupt(gold, rng))
-      add("draft", prompt, right)
-      if rng.random() < config.wrong_fraction:
-        add("verify", game.verifier_prompt(prompt, wrong), game.render_verifier_reply("wrong", TEMPLATE_SAC))
-      else:
-        add("verify", game.verifier_prompt(prompt, right), game.render_verifier_reply("correct"))
-      add("revise", game.revision_prompt(prompt, wrong, TEMPLATE_SAC), right)
-      x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
-      proposal = right if x_right else wrong
-      revision = right if z_right else answer(corrupt(gold, rng))
-      revise = z_right and not x_right
-      add(
-        "decide", game.decision_prompt(prompt, proposal, TEMPLATE_SAC, revision), game.render_decision(revise)
-      )
-      drafted[line_id] = gold
+  for case, line_id, prompt in rollout.gold_episodes(cases, rollout_cfg):
+    gold = case.gold[line_id]
+    answer = lambda amount: rollout_cfg.answer(line_id, amount, EXPLANATION)  # noqa: B023
+    right, wrong = answer(gold), answer(corrupt(gold, rng))
+    add("draft", prompt, right)
+    if rng.random() < config.wrong_fraction:
+      add("verify", game.verifier_prompt(prompt, wrong), game.render_verifier_reply("wrong", TEMPLATE_SAC))
+    else:
+      add("verify", game.verifier_prompt(prompt, right), game.render_verifier_reply("correct"))
+    add("revise", game.revision_prompt(prompt, wrong, TEMPLATE_SAC), right)
+    x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
+    proposal = right if x_right else wrong
+    revision = right if z_right else answer(corrupt(gold, rng))
+    revise = z_right and not x_right
+    add(
+      "decide", game.decision_prompt(prompt, proposal, TEMPLATE_SAC, revision), game.render_decision(revise)
+    )
   return out
 
 
