@@ -166,3 +166,21 @@ def test_per_prompt_max_new_tokens(checkpoint):
   assert [len(t[0]) for t in out.tokens] == [3, 12, 7]
   assert [t[0] for t in out.tokens] == [f[0][:m] for f, m in zip(full.tokens, [3, 12, 7], strict=True)]
   assert {r[0] for r in out.finish_reasons} == {"length"}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU compiler options")
+def test_cpu_decode_options_give_skinny_dots_to_eigen():
+  # The sampler's speed on CPU rests on these options (see `_CPU_DECODE_OPTIONS`): by default
+  # XLA:CPU wraps a decode-shaped product in a YNNPACK fusion; with them it is a plain dot. If a
+  # jax upgrade changes either side, this fails and the options need revisiting.
+  x, w = jnp.ones((8, 512)), jnp.ones((512, 1536))
+  product = lambda x, w: x @ w
+
+  def compiled_text(options):
+    return jax.jit(product, compiler_options=options).lower(x, w).compile().as_text()
+
+  assert "__ynn_fusion" in compiled_text(None)
+  assert "__ynn_fusion" not in compiled_text(sampler_lib._CPU_DECODE_OPTIONS)
+  np.testing.assert_allclose(
+    jax.jit(product, compiler_options=sampler_lib._CPU_DECODE_OPTIONS)(x, w), jnp.full((8, 1536), 512.0)
+  )
