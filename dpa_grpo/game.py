@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dpa_grpo.envs import taxcalc
+from lm import stats
+from lm import text as text_lib
 
 ROLES = ("generator", "verifier")
 VERIFIER_ACTIONS = ("NS", "SAC")  # index = the action's slot in the verifier's pair
@@ -129,10 +129,10 @@ class GeneratorDecision:
 
 
 def _objects(text: Any) -> list[dict[str, Any]]:
-  """JSON objects in a reply with closed <think> blocks removed; non-strings hold none."""
+  """JSON objects in the final part of a reply (`lm.text.after_think`); non-strings hold none."""
   if not isinstance(text, str):
     return []
-  return taxcalc.json_objects(taxcalc.THINK_BLOCK.sub("", text))
+  return text_lib.json_objects(text_lib.after_think(text))
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -269,17 +269,6 @@ def submitted_right(
   return bool(x_right)
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-  """Wilson score interval of a binomial proportion (95% by default); (0, 1) when n = 0."""
-  if n == 0:
-    return 0.0, 1.0
-  p = successes / n
-  denom = 1 + z * z / n
-  centre = (p + z * z / (2 * n)) / denom
-  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-  return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def case_table(cases: Iterable[str]) -> dict[str, dict[str, float]]:
   """Count, rate and Wilson 95% interval of each case over the played units."""
   cases = list(cases)
@@ -290,6 +279,6 @@ def case_table(cases: Iterable[str]) -> dict[str, dict[str, float]]:
   table = {}
   for name in CASES:
     k = cases.count(name)
-    low, high = wilson_interval(k, n)
+    low, high = stats.wilson_interval(k, n)
     table[name] = {"count": k, "rate": k / n if n else 0.0, "ci_low": low, "ci_high": high}
   return table

@@ -16,14 +16,11 @@ import time
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 from dpa_grpo import theory  # noqa: E402
-from lm import io as lm_io  # noqa: E402
+from lm import rundir  # noqa: E402
+from lm.plotting import plt  # noqa: E402
 
 FIGURES = ("phase_portrait", "sa_vs_ode", "fixed_points_vs_beta", "case_probabilities", "eigenvalues")
 
@@ -40,7 +37,7 @@ def _save(fig, workdir: str, name: str) -> list[str]:
     buf = io.BytesIO()
     fig.savefig(buf, format=ext, dpi=110, bbox_inches="tight")
     path = os.path.join(workdir, f"{name}.{ext}")
-    lm_io.atomic_write_bytes(path, buf.getvalue())
+    rundir.atomic_write_bytes(path, buf.getvalue())
     paths.append(path)
   plt.close(fig)
   return paths
@@ -203,7 +200,7 @@ def run_theory(config, workdir: str) -> dict:
   figures += _plot_eigenvalues(result, beta, workdir)
   result["figures"] = [os.path.basename(f) for f in figures]
   result["wall_seconds"] = time.time() - start
-  lm_io.write_json(os.path.join(workdir, "theory.json"), _jsonable(result))
+  rundir.write_json(os.path.join(workdir, "theory.json"), _jsonable(result))
   return result
 
 
@@ -355,13 +352,13 @@ def summarize_sweep(workdir: str) -> str:
   Reads `<workdir>/index.json` (written by `lm.sweep`) and each finished point's `theory.json`;
   writes `sweep_summary.{png,pdf,json}` into `workdir`. Returns the JSON path.
   """
-  index = lm_io.read_json(os.path.join(workdir, "index.json"))
+  index = rundir.read_json(os.path.join(workdir, "index.json"))
   rows = []
   for point in index["points"]:
     path = os.path.join(workdir, point["subdir"], "theory.json")
     if point["status"] != "done" or not os.path.exists(path):
       continue
-    r = lm_io.read_json(path)
+    r = rundir.read_json(path)
     loss = r["config"]["loss"]
     fps = r["variants"][_variant_label(loss["weighting"], loss["kl"])]["fixed_points"]
     stable = [fp for fp in fps if fp["stable"]]
@@ -395,5 +392,5 @@ def summarize_sweep(workdir: str) -> str:
   fig.suptitle(f"β sweep: {len(rows)} points from {workdir}")
   _save(fig, workdir, "sweep_summary")
   out = os.path.join(workdir, "sweep_summary.json")
-  lm_io.write_json(out, _jsonable({"rows": rows}))
+  rundir.write_json(out, _jsonable({"rows": rows}))
   return out

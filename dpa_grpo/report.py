@@ -26,15 +26,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 from dpa_grpo import game, theory  # noqa: E402
 from dpa_grpo.envs import taxcalc  # noqa: E402
-from lm import io  # noqa: E402
+from lm import rundir, stats  # noqa: E402
+from lm.plotting import plt  # noqa: E402
 
 # REFERENCE.md §1: post-revision accuracy (DPA-GRPO) or line accuracy (the rest) on TaxCalcBench TY24.
 PAPER = {
@@ -47,7 +44,7 @@ PROB_CLIP = 0.02  # estimated probabilities are kept in [clip, 1 - clip] (the th
 
 
 def _evals(run_dir: str) -> dict[int, dict[str, Any]]:
-  rows = io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  rows = rundir.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
   return {r["step"]: r["eval"] for r in rows if "eval" in r}
 
 
@@ -110,7 +107,9 @@ def theory_overlay(records, config, figure_dir: str, windows: int = 6) -> dict[s
   centre = np.array([unit_steps[m].mean() for m in masks])
   counts = np.array([np.bincount(unit_cases[m], minlength=len(game.CASES)) for m in masks])  # [W, 8]
   measured = counts / counts.sum(1, keepdims=True)
-  intervals = np.array([[game.wilson_interval(int(k), int(c.sum())) for k in c] for c in counts])  # [W, 8, 2]
+  intervals = np.array(
+    [[stats.wilson_interval(int(k), int(c.sum())) for k in c] for c in counts]
+  )  # [W, 8, 2]
 
   beta, kl, weighting = config.loss.beta, config.loss.kl, config.loss.weighting
   t_max, n = 20.0 * max(steps.max(), 1), 4000
@@ -268,7 +267,7 @@ def write(workdir: str, config, methods: Sequence[str]) -> dict[str, Any]:
         else f"- {key}: {before[key]} → {after[key]}"
       )
     summary["cases"] = {"before": before["cases"], "after": after["cases"]}
-    records = list(io.read_jsonl(os.path.join(workdir, "dpa_grpo", "records", "train.jsonl")))
+    records = list(rundir.read_jsonl(os.path.join(workdir, "dpa_grpo", "records", "train.jsonl")))
     if records:
       overlay = theory_overlay(records, config, figure_dir)
       summary["theory_overlay"] = overlay
@@ -289,6 +288,6 @@ def write(workdir: str, config, methods: Sequence[str]) -> dict[str, Any]:
     "![per-line accuracy](figures/per_line_accuracy.png)",
     "![theory overlay](figures/theory_overlay.png)",
   ]
-  io.atomic_write_text(os.path.join(workdir, "report.md"), "\n".join(md) + "\n")
-  io.write_json(os.path.join(workdir, "report.json"), summary)
+  rundir.atomic_write_text(os.path.join(workdir, "report.md"), "\n".join(md) + "\n")
+  rundir.write_json(os.path.join(workdir, "report.json"), summary)
   return summary

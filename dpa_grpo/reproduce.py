@@ -23,7 +23,7 @@ from typing import Any
 import ml_collections
 
 from dpa_grpo import losses, report, train, warm_start
-from lm import io
+from lm import rundir
 
 _log = logging.getLogger(__name__)
 
@@ -54,5 +54,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for method in methods:
     _log.info("running %s", method)
     method_cfg = method_config(config, method, checkpoint)
-    train.run(method_cfg, io.prepare_workdir(os.path.join(workdir, method), method_cfg))
+    train.run(method_cfg, rundir.prepare_workdir(os.path.join(workdir, method), method_cfg))
   return report.write(workdir, config, methods)

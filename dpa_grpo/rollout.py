@@ -33,6 +33,8 @@ import numpy as np
 from dpa_grpo import game
 from dpa_grpo.envs import taxcalc
 from lm import sampler as sampler_lib
+from lm import seeding
+from lm import text as text_lib
 
 KEEP_RULES = ("majority", "logprob", "first_parseable")
 _PHASES = {"draft": 0, "verify": 1, "revise": 2, "decide": 3, "explore": 4, "group": 5}
@@ -124,9 +126,7 @@ class RolePolicy:
     self.enable_thinking = enable_thinking
 
   def prompt_ids(self, prompt: str) -> list[int]:
-    return self.tokenizer.encode_chat(
-      [{"role": "user", "content": prompt}], enable_thinking=self.enable_thinking
-    )
+    return self.tokenizer.encode_chat(text_lib.user_chat(prompt), enable_thinking=self.enable_thinking)
 
   def generate(
     self,
@@ -266,12 +266,6 @@ def gold_episodes(cases: Sequence[taxcalc.TaxCase], cfg: RolloutConfig):
       drafted[line_id] = case.gold[line_id]
 
 
-def stage_seeds(seed: int, step: int, line_index: int, phase: str, n: int) -> list[int]:
-  """Per-prompt sampler seeds of one call: a function of (run seed, step, line, turn) only."""
-  state = np.random.SeedSequence([seed, step, line_index, _PHASES[phase]]).generate_state(max(n, 1))
-  return [int(s & 0x7FFFFFFF) for s in state[:n]]
-
-
 def keep_revision(samples: Sequence[Sample], amounts: Sequence[float | None], rule: str) -> int:
   """The index of the kept revision under `rule` (see the module docstring); never the oracle."""
   by_logprob = sorted(range(len(samples)), key=lambda i: (-samples[i].mean_logprob, i))
@@ -317,7 +311,7 @@ def play(
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
   units: list[Unit] = []
   for li, line_id in enumerate(cfg.lines):
-    seeds = lambda phase, n: stage_seeds(seed, step, li, phase, n)  # noqa: B023
+    seeds = lambda phase, n: seeding.derive_seeds(seed, step, li, _PHASES[phase], n=n)  # noqa: B023
     prompts = [cfg.line_prompt(c, line_id, d) for c, d in zip(shown, drafted, strict=True)]
     ids, drafts = generator.generate(
       prompts,
@@ -447,7 +441,7 @@ def sample_groups(
       top_p=cfg.top_p,
       top_k=cfg.top_k,
       max_new_tokens=cfg.max_new_tokens,
-      seeds=stage_seeds(seed, step, li, "group", len(prompts)),
+      seeds=seeding.derive_seeds(seed, step, li, _PHASES["group"], n=len(prompts)),
     )
     for case, prompt, prompt_ids, group, d in zip(cases, prompts, ids, samples, drafted, strict=True):
       amounts = tuple(_amount(s.text, line_id) for s in group)

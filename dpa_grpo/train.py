@@ -52,7 +52,7 @@ from jax.sharding import PartitionSpec as P
 from dpa_grpo import game, losses, rollout, warm_start
 from dpa_grpo.envs import forms, taxcalc
 from lm import checkpoint as ckpt_lib
-from lm import io, lora, scoring
+from lm import lora, rundir, scoring, shapes, stats
 from lm import sampler as sampler_lib
 from lm import sharding as sharding_lib
 from lm import tokenizer as tokenizer_lib
@@ -202,21 +202,9 @@ class Item:
   penalty: tuple[float, float] = (0.0, 0.0)
 
 
-def _bucket(n: int, minimum: int = 64) -> int:
-  """Powers of two up to 256, then multiples of 128 up to 1024, then of 256: few compiled widths,
-  little padding (attention cost is quadratic in the width)."""
-  if n <= 256:
-    return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-  return _round_up(n, 128 if n <= 1024 else 256)
-
-
-def _round_up(x: int, multiple: int) -> int:
-  return -(-x // multiple) * multiple
-
-
 def pack_rows(prompts, completions, pad_id: int) -> dict[str, np.ndarray]:
   """`scoring.pack_pairs` with the width bucketed to a power of two (few compiled shapes)."""
-  width = _bucket(max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True)))
+  width = shapes.width_bucket(max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True)))
   return scoring.pack_pairs(prompts, completions, pad_id=pad_id, length_multiple=width)
 
 
@@ -345,7 +333,7 @@ def per_line(units_or_groups, flag: str) -> dict[str, dict[str, float]]:
   lines = sorted({u.line_id for u in units_or_groups}, key=taxcalc.LINE_IDS.index)
   for line_id in lines:
     hits = [bool(getattr(u, flag)) for u in units_or_groups if u.line_id == line_id]
-    low, high = game.wilson_interval(sum(hits), len(hits))
+    low, high = stats.wilson_interval(sum(hits), len(hits))
     out[line_id] = {"accuracy": sum(hits) / len(hits), "ci_low": low, "ci_high": high, "n": len(hits)}
   return out
 
@@ -358,9 +346,9 @@ def game_metrics(units: Sequence[rollout.Unit]) -> dict[str, Any]:
   post = sum(u.submitted_right for u in units)
   return {
     BEST_METRIC: post / n,
-    "accuracy_ci": game.wilson_interval(post, n),
+    "accuracy_ci": stats.wilson_interval(post, n),
     "pre_revision_accuracy": pre / n,
-    "pre_revision_accuracy_ci": game.wilson_interval(pre, n),
+    "pre_revision_accuracy_ci": stats.wilson_interval(pre, n),
     "sac_rate": len(challenged) / n,
     "revise_rate": sum(u.generator_action == game.REVISE for u in challenged) / max(len(challenged), 1),
     "invalid_verdicts": sum(not u.verifier.valid for u in units),
@@ -384,7 +372,7 @@ def draft_metrics(groups: Sequence[rollout.Group]) -> dict[str, Any]:
   hits = sum(v.right for v in views)
   return {
     BEST_METRIC: hits / len(views),
-    "accuracy_ci": game.wilson_interval(hits, len(views)),
+    "accuracy_ci": stats.wilson_interval(hits, len(views)),
     "units": len(views),
     "per_line": per_line(views, "right"),
   }
@@ -532,7 +520,9 @@ class Trainer:
       g, v = self.samplers["generator"], self.samplers["verifier"]
       units = rollout.play(cases, g, v, self.rollout_cfg, seed=seed, step=step)
       items = dpa_items(units, self.tokenizer, c)
-      pairs = _round_up(c.train.pairs_per_chunk, self.batch_multiple // math.gcd(self.batch_multiple, 2))
+      pairs = shapes.round_up(
+        c.train.pairs_per_chunk, self.batch_multiple // math.gcd(self.batch_multiple, 2)
+      )
       chunks = {
         role: dpa_chunks(items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id)
         for role in self.roles
@@ -540,7 +530,7 @@ class Trainer:
       return chunks, [u.record() for u in units], game_metrics(units)
     groups = rollout.sample_groups(cases, self.samplers["generator"], self.rollout_cfg, seed=seed, step=step)
     size = self.rollout_cfg.group_size
-    per_chunk = _round_up(c.train.groups_per_chunk * size, self.batch_multiple) // size
+    per_chunk = shapes.round_up(c.train.groups_per_chunk * size, self.batch_multiple) // size
     chunks = {"generator": group_chunks(groups, self.method, max(per_chunk, 1), self.pad_id)}
     rewards = np.array([g.rewards for g in groups])
     return chunks, [g.record() for g in groups], {"reward": float(rewards.mean()), "groups": len(groups)}
@@ -575,7 +565,7 @@ class Trainer:
     self.trainable, self.opt_state, grad_norm = _apply(self.trainable, self.opt_state, grads, tx=self.tx)
     self._refresh_samplers()
     t2 = time.perf_counter()
-    io.append_jsonl(
+    rundir.append_jsonl(
       os.path.join(self.workdir, "records", "train.jsonl"), [{"step": step, **r} for r in records]
     )
     return {
@@ -599,7 +589,7 @@ class Trainer:
       greedy = dataclasses.replace(cfg, temperature=0.0, group_size=1)
       groups = rollout.sample_groups(self.test_cases, self.samplers["generator"], greedy, seed=0, step=step)
       metrics, records = draft_metrics(groups), [g.record() for g in groups]
-    io.append_jsonl(
+    rundir.append_jsonl(
       os.path.join(self.workdir, "records", "eval.jsonl"), [{"step": step, **r} for r in records]
     )
     return metrics
@@ -609,8 +599,8 @@ def _drop_after(path: str, step: int) -> None:
   """Rewrites a JSONL log without the records of steps after `step` (written by a killed run)."""
   if not os.path.exists(path):
     return
-  kept = [r for r in io.read_jsonl(path) if r.get("step", -1) <= step]
-  io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+  kept = [r for r in rundir.read_jsonl(path) if r.get("step", -1) <= step]
+  rundir.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 
 
 def run(config, workdir: str) -> dict[str, Any]:
@@ -625,7 +615,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   metrics_path = os.path.join(workdir, "metrics.jsonl")
 
   def log(entry: dict[str, Any]) -> None:
-    io.append_jsonl(metrics_path, [entry])
+    rundir.append_jsonl(metrics_path, [entry])
     for name, value in _scalars("", {k: v for k, v in entry.items() if k != "step"}).items():
       writer.add_scalar(name.lstrip("/"), value, entry["step"])
     writer.flush()
@@ -667,7 +657,7 @@ def run(config, workdir: str) -> dict[str, Any]:
 
 
 def _summarize(trainer: Trainer, workdir: str) -> dict[str, Any]:
-  evals = [r for r in io.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval" in r]
+  evals = [r for r in rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval" in r]
   by_step = {r["step"]: r["eval"] for r in evals}
   s = trainer.state
   summary = {
@@ -679,7 +669,7 @@ def _summarize(trainer: Trainer, workdir: str) -> dict[str, Any]:
     "after": by_step.get(s["best_step"]),
     "last_step": max(by_step) if by_step else None,
   }
-  io.write_json(os.path.join(workdir, "summary.json"), summary)
+  rundir.write_json(os.path.join(workdir, "summary.json"), summary)
   return summary
 
 

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 
 from dpa_grpo import game, rollout
 from dpa_grpo.envs import taxcalc
-from lm import hf, io, sft
+from lm import hf, rundir, sft
 from lm import sharding as sharding_lib
+from lm import text as text_lib
 from lm import tokenizer as tokenizer_lib
 
 _log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def examples(
   """
   rng = random.Random(config.seed)
   eos = [tokenizer.eos_ids[0]]
-  chat = lambda text: tokenizer.encode_chat([{"role": "user", "content": text}])
+  chat = lambda text: tokenizer.encode_chat(text_lib.user_chat(text))
   out: dict[str, list[sft.Example]] = {turn: [] for turn in config.turns}
 
   def add(turn: str, prompt: str, completion: str) -> None:
@@ -164,7 +165,7 @@ def run(config, workdir: str, cases: Sequence[taxcalc.TaxCase]) -> str:
   model, history = sft.train_sft(model, pooled, sft_cfg, pad_id=tokenizer.pad_id)
   hf.save_hf(model, workdir)
   tokenizer.hf.save_pretrained(workdir)
-  io.write_json(
+  rundir.write_json(
     done,
     {
       "examples": {turn: len(v) for turn, v in by_turn.items()},

@@ -28,6 +28,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lm import text as text_lib
+
 # --------------------------------------------------------------------------------------------------
 # Extraction
 
@@ -35,7 +37,6 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\b\s*")
 _PHRASE_RE = re.compile(r"(?:final\s+answer|answer)\s*(?:is\b|:)\s*(?P<tail>[^\n]*)", re.IGNORECASE)
 _MATH_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?")
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
 def _braced(text: str, start: int) -> str | None:
@@ -94,9 +95,8 @@ def extract_answer(text: str) -> str | None:
   response cut off inside `<think>` has no answer: a draft number from unfinished reasoning must
   not vote. Candidates are cleaned by `_clean` (math delimiters, trailing punctuation, `x =`).
   """
-  if _THINK_CLOSE in text:
-    text = text.rsplit(_THINK_CLOSE, 1)[1]
-  elif _THINK_OPEN in text:
+  text = text_lib.after_think(text)
+  if not text:
     return None
   boxed = last_boxed(text)
   if boxed is not None:

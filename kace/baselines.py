@@ -27,7 +27,8 @@ import numpy as np
 import tqdm
 
 from kace import answers, cards, data, embed, learn, projection, solve, tiers
-from lm import generators, io
+from lm import generators, rundir, seeding
+from lm import text as text_lib
 
 # ---- ACE ----------------------------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ def build_playbook(learner, problems, domains, workdir, *, epochs: int, batch_si
   """ACE over `epochs` passes of the training split in batches; resumable per batch like learn.build."""
   state_path = os.path.join(workdir, learn.STATE)
   if os.path.exists(state_path):
-    state = io.read_json(state_path)
+    state = rundir.read_json(state_path)
     tree = cards.EpistemicTree.from_json(state["tree"], where=state_path)
   else:
     state = {"steps_done": 0}
@@ -172,8 +173,8 @@ def build_playbook(learner, problems, domains, workdir, *, epochs: int, batch_si
   for step in tqdm.tqdm(range(state["steps_done"], len(steps)), desc="ace: steps", unit="batch"):
     tree, log = ace_step(learner, tree, steps[step], domains)
     state["steps_done"] = step + 1
-    io.append_jsonl(os.path.join(workdir, learn.LOG), [{"phase": "ace", "step": step, **log}])
-    io.write_json(state_path, {**state, "tree": tree.to_json()})
+    rundir.append_jsonl(os.path.join(workdir, learn.LOG), [{"phase": "ace", "step": step, **log}])
+    rundir.write_json(state_path, {**state, "tree": tree.to_json()})
   tree.save(os.path.join(workdir, learn.TREE))
   tree.save_markdown(os.path.join(workdir, learn.AUDIT))
   return tree
@@ -210,7 +211,7 @@ class SolverAdapter:
 
     template = instruction_template(candidate["instruction"])
     prompts = [solve.chat(p.question, "", template) for p in batch]
-    per = [dataclasses.replace(self.params, seed=solve.stage_seed(self.seed, p.id, "gepa")) for p in batch]
+    per = [dataclasses.replace(self.params, seed=seeding.derive_seed(self.seed, p.id, "gepa")) for p in batch]
     texts = [g[0].text for g in self.generator.generate(prompts, n=1, params=per)]
     extracted = [answers.extract_answer(t) for t in texts]
     verdicts = self.grader.grade_many([(p.answer, a) for p, a in zip(batch, extracted, strict=True)])
@@ -242,7 +243,7 @@ def role_lm(generator: generators.TextGenerator, params: generators.GenerationPa
   """A generator role as GEPA's `LanguageModel`: prompt (text or chat) -> reply text."""
 
   def call(prompt: str | list[dict[str, Any]]) -> str:
-    chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    chat = text_lib.user_chat(prompt) if isinstance(prompt, str) else prompt
     return generator.generate([chat], n=1, params=params)[0][0].text
 
   return call
@@ -266,7 +267,7 @@ def optimize_instruction(learner: learn.Learner, train, val, workdir: str, *, ma
   )
   best = result.best_candidate
   instruction = best["instruction"] if isinstance(best, dict) else str(best)
-  io.write_json(
+  rundir.write_json(
     os.path.join(workdir, "prompt.json"),
     {
       "instruction": instruction,
@@ -351,4 +352,4 @@ def _rendered(tree: cards.EpistemicTree, chosen: Sequence[cards.Card]) -> projec
 
 def load_prompt(path: str) -> str:
   """The solver template a GEPA build wrote (`prompt.json`)."""
-  return io.read_json(path)["template"]
+  return rundir.read_json(path)["template"]

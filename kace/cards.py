@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kace.tiers import ES, HS, MS
-from lm import io
+from lm import rundir
 
 ANY = "*"  # the single value of a collapsed axis (ablations without a tier or domain axis)
 DEFAULT_TIERS = (ES, MS, HS)
@@ -378,12 +378,12 @@ class EpistemicTree:
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes the tree atomically: a crash mid-write leaves the previous file intact."""
-    io.write_json(path, self.to_json())
+    rundir.write_json(path, self.to_json())
 
   @classmethod
   def load(cls, path: str | os.PathLike, count_tokens: TokenCounter = estimate_tokens) -> EpistemicTree:
     try:
-      obj = io.read_json(path)
+      obj = rundir.read_json(path)
     except ValueError as e:
       raise TreeFormatError(f"{path}: not valid JSON ({e})") from None
     return cls.from_json(obj, count_tokens, where=os.fspath(path))
@@ -405,7 +405,7 @@ class EpistemicTree:
     return "\n".join(out) + "\n"
 
   def save_markdown(self, path: str | os.PathLike) -> None:
-    io.atomic_write_text(path, self.to_markdown())
+    rundir.atomic_write_text(path, self.to_markdown())
 
 
 def _record(card: Card, op: str, before: str | None, after: str | None, reason: str) -> Card:

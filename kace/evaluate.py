@@ -17,15 +17,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
 import ml_collections
 import numpy as np
 
 from kace import answers, data, methods, projection, solve, synthetic
-from lm import generators, io
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from lm import generators, rundir, stats
+from lm.plotting import plt  # noqa: E402
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +90,7 @@ def load_domains(
   """Domains of `problems`, assigned once per run and kept in `domains.json` (a resumed run reuses
   them, so a classifier's replies cannot change between the halves of a run)."""
   path = os.path.join(workdir, DOMAINS)
-  saved = io.read_json(path) if os.path.exists(path) else {"of": {}, "source": {}, "replies": {}}
+  saved = rundir.read_json(path) if os.path.exists(path) else {"of": {}, "source": {}, "replies": {}}
   todo = [p for p in problems if p.id not in saved["of"]]
   if todo:
     unlabelled = any(p.domain not in config.domains for p in todo)
@@ -106,7 +103,7 @@ def load_domains(
     )
     for key in ("of", "source", "replies"):
       saved[key].update(getattr(new, key))
-    io.write_json(path, saved)
+    rundir.write_json(path, saved)
   pick = lambda key: {p.id: saved[key][p.id] for p in problems if p.id in saved[key]}
   return projection.Domains(pick("of"), pick("source"), pick("replies"))
 
@@ -117,7 +114,7 @@ def load_domains(
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
   """Evaluates every method of `config.methods` into `workdir`; returns the metrics per method."""
   config = resolve(config)
-  io.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
+  rundir.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
   built = [methods.build(name, config) for name in config.methods]
   with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
     problems = load_problems(config, grader)
@@ -140,8 +137,8 @@ def _batches(items: Sequence, size: int) -> list[Sequence]:
 
 
 def _recorded(path: str, key) -> set:
-  io.repair_jsonl(path)  # a kill mid-append leaves a torn last line; later appends start clean
-  return {key(r) for r in io.read_jsonl(path)}
+  rundir.repair_jsonl(path)  # a kill mid-append leaves a torn last line; later appends start clean
+  return {key(r) for r in rundir.read_jsonl(path)}
 
 
 def run_solve_rates(problems, solver, grader, config, sampling, workdir) -> None:
@@ -161,7 +158,7 @@ def run_solve_rates(problems, solver, grader, config, sampling, workdir) -> None
       template=methods.template(config),
       seed=config.seed,
     )
-    io.append_jsonl(path, rates)
+    rundir.append_jsonl(path, rates)
     progress.finished(["sampled"] * len(batch))
   progress.close()
 
@@ -171,7 +168,7 @@ def run_method(method, problems, domains, solver, grader, config, sampling, work
   path = os.path.join(workdir, RECORDS)
   done = {i for m, i in _recorded(path, lambda r: (r["method"], r["id"])) if m == method.name}
   todo = [p for p in problems if p.id not in done]
-  tally = collections.Counter(r["exit_tier"] for r in io.read_jsonl(path) if r["method"] == method.name)
+  tally = collections.Counter(r["exit_tier"] for r in rundir.read_jsonl(path) if r["method"] == method.name)
   progress = solve.Progress(len(problems), method.name, tally)
   for batch in _batches(todo, config.eval.batch_size):
     solutions = solve.solve(
@@ -186,7 +183,9 @@ def run_method(method, problems, domains, solver, grader, config, sampling, work
       seed=config.seed,
       progress=progress,
     )
-    io.append_jsonl(path, [record(method.name, p, s, domains) for p, s in zip(batch, solutions, strict=True)])
+    rundir.append_jsonl(
+      path, [record(method.name, p, s, domains) for p, s in zip(batch, solutions, strict=True)]
+    )
   progress.close()
 
 
@@ -197,16 +196,6 @@ def record(method: str, problem: data.Problem, solution: solve.Solution, domains
 
 
 # ---- metrics -----------------------------------------------------------------------------------------
-
-
-def bootstrap_ci(values: Sequence[float], *, samples: int = 2000, level: float = 0.95, seed: int = 0):
-  """Percentile bootstrap CI of the mean: (low, high); (nan, nan) without values."""
-  x = np.asarray(values, dtype=float)
-  if x.size == 0:
-    return float("nan"), float("nan")
-  means = np.random.default_rng(seed).choice(x, size=(samples, x.size), replace=True).mean(axis=1)
-  tail = (1 - level) / 2 * 100
-  return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +236,7 @@ def method_metrics(
 ) -> dict[str, Any]:
   """Metrics of one method's records (see docs/kace.md, "Metrics")."""
   correct = [float(r["correct"]) for r in records]
-  low, high = bootstrap_ci(correct, samples=bootstrap, seed=seed)
+  low, high = stats.bootstrap_ci(correct, samples=bootstrap, seed=seed)
   exits = collections.Counter(r["exit_tier"] for r in records)
   rated = [r for r in records if r["id"] in rates]
   order = order_preservation([r["exit_tier"] for r in rated], [rates[r["id"]] for r in rated])
@@ -269,15 +258,15 @@ def method_metrics(
 def report(config: ml_collections.ConfigDict, problems: Sequence[data.Problem], workdir: str) -> dict:
   """Metrics from the records on disk (for `problems` only) → metrics.json, results.md, plots."""
   ids = {p.id for p in problems}
-  records = [r for r in io.read_jsonl(os.path.join(workdir, RECORDS)) if r["id"] in ids]
-  rates = {r["id"]: r["correct"] / r["k"] for r in io.read_jsonl(os.path.join(workdir, SOLVE_RATES))}
+  records = [r for r in rundir.read_jsonl(os.path.join(workdir, RECORDS)) if r["id"] in ids]
+  rates = {r["id"]: r["correct"] / r["k"] for r in rundir.read_jsonl(os.path.join(workdir, SOLVE_RATES))}
   by_method = {name: [r for r in records if r["method"] == name] for name in config.methods}
   metrics = {
     name: method_metrics(rs, rates, bootstrap=config.eval.bootstrap, seed=config.seed)
     for name, rs in by_method.items()
   }
-  io.write_json(os.path.join(workdir, "metrics.json"), metrics)
-  io.atomic_write_text(os.path.join(workdir, "results.md"), results_table(metrics, config, len(problems)))
+  rundir.write_json(os.path.join(workdir, "metrics.json"), metrics)
+  rundir.atomic_write_text(os.path.join(workdir, "results.md"), results_table(metrics, config, len(problems)))
   plot_accuracy_vs_calls(metrics, os.path.join(workdir, "accuracy_vs_calls.png"))
   plot_tier_vs_solve_rate(by_method, rates, os.path.join(workdir, "exit_tier_vs_solve_rate.png"))
   return metrics

@@ -18,9 +18,7 @@ resumes where it stopped. Prompts, defaults and the attribution rule: docs/kace.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +26,8 @@ import numpy as np
 import tqdm
 
 from kace import answers, cards, data, embed, projection, solve, tiers
-from lm import generators, io
+from lm import generators, rundir, seeding
+from lm import text as text_lib
 
 TEACHER_TEMPLATE = """You are building a knowledge base for a maths solver. The solver got the problems \
 below wrong; they belong to {block}.
@@ -111,20 +110,10 @@ class LearnConfig:
 
 
 def json_object(reply: str) -> dict:
-  """The JSON object in a reply: after the last `</think>`, inside a ``` fence if there is one,
-  from the first `{` to the last `}`. Raises ReplyError when there is none."""
-  text = reply.rsplit("</think>", 1)[-1]
-  fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-  text = fenced.group(1) if fenced else text
-  start, end = text.find("{"), text.rfind("}")
-  if start < 0 or end < start:
+  """The JSON object in a reply (`lm.text.json_object`); ReplyError when there is none."""
+  obj = text_lib.json_object(reply)
+  if obj is None:
     raise ReplyError("no JSON object in the reply")
-  try:
-    obj = json.loads(text[start : end + 1])
-  except (json.JSONDecodeError, RecursionError) as e:
-    raise ReplyError(f"invalid JSON: {e}") from None
-  if not isinstance(obj, dict):
-    raise ReplyError("the reply's JSON is not an object")
   return obj
 
 
@@ -156,7 +145,7 @@ def parse_cards(reply: str, max_cards: int, max_chars: int = 600) -> tuple[tuple
 
 def parse_reflection(reply: str, max_chars: int = 600) -> tuple[tuple[str, str], ...]:
   """A raw solver reflection as one card of type "reflection" (the text after `</think>`)."""
-  text = reply.rsplit("</think>", 1)[-1].strip()
+  text = text_lib.after_think(reply).strip()
   if not text:
     raise ReplyError("empty reflection")
   return (("reflection", text[:max_chars]),)
@@ -261,8 +250,8 @@ def ask(
     todo = [i for i in range(len(prompts)) if i not in values]
     if not todo:
       break
-    chats = [[{"role": "user", "content": prompts[i]}] for i in todo]
-    per = [dataclasses.replace(params, seed=solve.stage_seed(seed, str(i), f"ask{attempt}")) for i in todo]
+    chats = [text_lib.user_chat(prompts[i]) for i in todo]
+    per = [dataclasses.replace(params, seed=seeding.derive_seed(seed, str(i), f"ask{attempt}")) for i in todo]
     for i, (generation,) in zip(todo, generator.generate(chats, n=1, params=per), strict=True):
       replies[i].append(generation.text)
       try:
@@ -533,15 +522,15 @@ def build(
   os.makedirs(workdir, exist_ok=True)
   state_path = os.path.join(workdir, STATE)
   if os.path.exists(state_path):
-    state = io.read_json(state_path)
+    state = rundir.read_json(state_path)
     tree = cards.EpistemicTree.from_json(state["tree"], start.count_tokens, where=state_path)
   else:
     state, tree = {"blocks_done": [], "refine_done": 0, "add_accuracy": None}, start
   by_id = {p.id: p for p in problems}
 
   def commit(tree: cards.EpistemicTree, log: dict) -> None:
-    io.append_jsonl(os.path.join(workdir, LOG), [log])
-    io.write_json(state_path, {**state, "tree": tree.to_json()})
+    rundir.append_jsonl(os.path.join(workdir, LOG), [log])
+    rundir.write_json(state_path, {**state, "tree": tree.to_json()})
     tree.save(os.path.join(workdir, TREE))
     tree.save_markdown(os.path.join(workdir, AUDIT))
 

@@ -14,14 +14,11 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
 import ml_collections
 
 from kace import answers, baselines, cards, data, embed, evaluate, learn, methods
-from lm import io
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from lm import rundir
+from lm.plotting import plt  # noqa: E402
 
 _log = logging.getLogger(__name__)
 
@@ -147,10 +144,10 @@ def table(config: ml_collections.ConfigDict, workdir: str, embedder: embed.Embed
     c.learn.dir = os.path.join(workdir, bench, "build")
     if "kace" in built:
       c.kace.tree = built["kace"]
-    eval_dir = io.prepare_workdir(os.path.join(workdir, bench, "eval"), c)
+    eval_dir = rundir.prepare_workdir(os.path.join(workdir, bench, "eval"), c)
     results[bench] = evaluate.run(c, eval_dir)
-  io.write_json(os.path.join(workdir, "table.json"), results)
-  io.atomic_write_text(os.path.join(workdir, "table.md"), table_markdown(results, config))
+  rundir.write_json(os.path.join(workdir, "table.json"), results)
+  rundir.atomic_write_text(os.path.join(workdir, "table.md"), table_markdown(results, config))
   plot_table(results, os.path.join(workdir, "table.png"))
   return results
 

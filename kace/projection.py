@@ -19,6 +19,7 @@ from typing import Protocol
 from kace import cards as cards_lib
 from kace import data
 from lm import generators
+from lm import text as text_lib
 
 # The solver prompt: `{notes}` is empty without cards, else NOTES_TEMPLATE filled with the card lines.
 SOLVER_TEMPLATE = (
@@ -146,7 +147,7 @@ def parse_domain(reply: str, domains: Sequence[str]) -> str | None:
   the domains (by name, with spaces or underscores, or by a dataset subject label that maps to
   it, as whole words, any case); a reply naming none, or two different ones, is unusable.
   """
-  text = reply.rsplit("</think>", 1)[-1].lower().replace("_", " ")
+  text = text_lib.after_think(reply).lower().replace("_", " ")
   named = {
     domain
     for phrase, domain in _aliases(domains).items()
@@ -194,7 +195,7 @@ def assign_domains(
       raise ValueError(
         f"{len(todo)} problems have no domain label (e.g. {todo[0].id}) and no classifier is set"
       )
-    prompts = [[{"role": "user", "content": classifier_prompt(p.question, domains, template)}] for p in todo]
+    prompts = [text_lib.user_chat(classifier_prompt(p.question, domains, template)) for p in todo]
     for p, (generation,) in zip(todo, classifier.generate(prompts, n=1, params=params), strict=True):
       replies[p.id] = generation.text
       parsed = parse_domain(generation.text, domains)

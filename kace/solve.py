@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import zlib
 from collections.abc import Mapping, Sequence
 
 import tqdm
 
 from kace import answers, data, projection, tiers
-from lm import generators
+from lm import generators, seeding
+from lm import text as text_lib
 
 STAGE_ORDER = (tiers.ES, tiers.MS, tiers.HS, tiers.POOL)  # easiest exit first
 
@@ -77,14 +77,9 @@ class Solution:
   stages: tuple[StageRecord, ...]
 
 
-def stage_seed(seed: int, problem_id: str, stage: str) -> int:
-  """A 32-bit sampling seed for one problem's stage, stable across runs and batchings."""
-  return zlib.crc32(f"{seed}\x00{problem_id}\x00{stage}".encode())
-
-
 def chat(question: str, notes: str, template: str) -> list[dict[str, str]]:
   """The solver's chat: one user message (`projection.solver_prompt`)."""
-  return [{"role": "user", "content": projection.solver_prompt(question, notes, template)}]
+  return text_lib.user_chat(projection.solver_prompt(question, notes, template))
 
 
 class Progress:
@@ -135,7 +130,7 @@ def solve(
     grader: answer equivalence for voting (warmed per stage) and final grading.
     schedule: the tier ladder (`tiers.Schedule()`: the paper's; `Schedule.best_of_n(5)`: plain
       self-consistency).
-    params: sampling parameters; the seed is replaced per problem and stage (`stage_seed`).
+    params: sampling parameters; the seed is replaced per problem and stage (`lm.seeding.derive_seed`).
     context: the cards each problem reads at a stage whose request names a cards tier.
     template: the solver prompt (`projection.SOLVER_TEMPLATE`).
     seed: base of every stage seed.
@@ -174,7 +169,9 @@ def _draw(request, group, domains, generator, params, context, template, seed, r
   else:
     views = context.project(group, group_domains, request.cards_tier)
   prompts = [chat(p.question, v.notes, template) for p, v in zip(group, views, strict=True)]
-  per_prompt = [dataclasses.replace(params, seed=stage_seed(seed, p.id, request.stage)) for p in group]
+  per_prompt = [
+    dataclasses.replace(params, seed=seeding.derive_seed(seed, p.id, request.stage)) for p in group
+  ]
   outputs = generator.generate(prompts, n=request.n, params=per_prompt)
   for p, view, generations in zip(group, views, outputs, strict=True):
     extracted = [answers.extract_answer(g.text) for g in generations]
@@ -251,7 +248,9 @@ def solve_rates(
   """k samples per problem (no cards) in ONE generator call, graded: the difficulty reference that
   exit tiers are compared against (order preservation)."""
   prompts = [chat(p.question, "", template) for p in problems]
-  per_prompt = [dataclasses.replace(params, seed=stage_seed(seed, p.id, "solve_rate")) for p in problems]
+  per_prompt = [
+    dataclasses.replace(params, seed=seeding.derive_seed(seed, p.id, "solve_rate")) for p in problems
+  ]
   outputs = generator.generate(prompts, n=k, params=per_prompt)
   extracted = [[answers.extract_answer(g.text) for g in gens] for gens in outputs]
   verdicts = iter(

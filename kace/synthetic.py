@@ -31,7 +31,8 @@ from flax import nnx
 
 from kace import cards as cards_lib
 from kace import data, projection
-from lm import hf, io, sft
+from lm import hf, rundir, sft
+from lm import text as text_lib
 from lm.config import ModelConfig
 from lm.model import Qwen
 from lm.tokenizer import load_tokenizer, train_bpe_tokenizer
@@ -233,7 +234,7 @@ def build_tokenizer(path: str, corpus: Sequence[str], vocab_size: int) -> None:
 
 def solver_messages(question: str, notes: str = "") -> list[dict[str, str]]:
   """The chat the solver sees (kace.solve sends exactly this)."""
-  return [{"role": "user", "content": projection.solver_prompt(question, notes)}]
+  return text_lib.user_chat(projection.solver_prompt(question, notes))
 
 
 def balanced(problems: Sequence[data.Problem], seed: int) -> list[data.Problem]:
@@ -322,7 +323,7 @@ def _build(path: str, config: TinySolverConfig) -> None:
   model, history = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id)
   hf.save_hf(model, path, dtype="float32")
   tree.save(os.path.join(path, "tree.json"))
-  io.write_json(
+  rundir.write_json(
     os.path.join(path, "build.json"),
     {
       "config": dataclasses.asdict(config),

@@ -14,7 +14,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dpa_grpo import reproduce
-from lm import io, sharding
+from lm import rundir, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
@@ -23,7 +23,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed
 def main(argv):
   del argv
   sharding.initialize_distributed()
-  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
   reproduce.run(_CONFIG.value, workdir)
 
 

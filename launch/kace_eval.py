@@ -8,7 +8,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from kace import evaluate
-from lm import io, sharding
+from lm import rundir, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
@@ -16,7 +16,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed
 
 def main(_):
   sharding.initialize_distributed()
-  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
   evaluate.run(_CONFIG.value, workdir)
 
 

@@ -7,7 +7,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dpa_grpo import plots
-from lm import io, sharding
+from lm import rundir, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/theory.py", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; rewritten if it exists).")
@@ -15,7 +15,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; rewritt
 
 def main(_):
   sharding.initialize_distributed()
-  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
   plots.run_theory(_CONFIG.value, workdir)
 
 

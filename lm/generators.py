@@ -35,7 +35,7 @@ import numpy as np
 import openai
 from flax import nnx
 
-from lm import io, sharding
+from lm import rundir, sharding
 from lm.config import ModelConfig
 from lm.hf import load_hf
 from lm.model import Qwen
@@ -385,7 +385,7 @@ class CachedGenerator:
   the inner generator, all in one call (identical missing requests are sent once).
 
   Storage is one JSON file per key (`<dir>/<key[:2]>/<key>.json`, also holding the request for
-  auditing), written with `lm.io.write_json` (temporary file + atomic rename). That is safe with any
+  auditing), written with `lm.rundir.write_json` (temporary file + atomic rename). That is safe with any
   number of processes sharing the directory without locks: a reader sees a whole file or none, and
   two writers of one key both write a complete response, the last rename winning. SQLite with WAL
   would give one file instead of many but breaks on network filesystems (NFS, GCS fuse), where
@@ -423,7 +423,7 @@ class CachedGenerator:
         [prompts[i] for i in first], n=[ns[i] for i in first], params=[ps[i] for i in first]
       )
       for (key, rows), generations in zip(missing.items(), fresh, strict=True):
-        io.write_json(self._path(key), {"request": requests[rows[0]], "generations": generations})
+        rundir.write_json(self._path(key), {"request": requests[rows[0]], "generations": generations})
         for i in rows:
           results[i] = list(generations)
     return results
@@ -440,7 +440,7 @@ class CachedGenerator:
     if not os.path.exists(path):
       return None
     try:
-      return [Generation(**g) for g in io.read_json(path)["generations"]]
+      return [Generation(**g) for g in rundir.read_json(path)["generations"]]
     except (ValueError, KeyError, TypeError) as e:  # not written by this class: regenerate
       logging.warning("ignoring unreadable cache entry %s: %s", path, e)
       return None

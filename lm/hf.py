@@ -20,7 +20,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from lm import io
+from lm import rundir
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 from lm.model import Qwen, axis_sizes, param_axes
@@ -122,7 +122,7 @@ class _SafetensorsReader:
     index = os.path.join(path, "model.safetensors.index.json")
     single = os.path.join(path, "model.safetensors")
     if os.path.exists(index):
-      weight_map = io.read_json(index)["weight_map"]
+      weight_map = rundir.read_json(index)["weight_map"]
       self._file_of = {name: os.path.join(path, f) for name, f in weight_map.items()}
     elif os.path.exists(single):
       with safe_open(single, "np") as f:
@@ -301,14 +301,14 @@ def save_hf(
       tensors[name] = np.ascontiguousarray(m.to_hf(layer_value, sizes)).astype(np_dtype)
   dtype_name = {np.dtype(v): k for k, v in _DTYPES.items()}[np.dtype(next(iter(tensors.values())).dtype)]
   _write_shards(tensors, path, max_shard_bytes)
-  io.write_json(os.path.join(path, "config.json"), config.to_hf_dict(dtype_name))
+  rundir.write_json(os.path.join(path, "config.json"), config.to_hf_dict(dtype_name))
   gen = {
     "bos_token_id": config.bos_token_id,
     "eos_token_id": list(config.eos_token_ids),
     "pad_token_id": config.pad_token_id,
     "do_sample": False,
   }
-  io.write_json(os.path.join(path, "generation_config.json"), gen)
+  rundir.write_json(os.path.join(path, "generation_config.json"), gen)
 
 
 def _get_path(model: Qwen, path: str) -> jax.Array:
@@ -340,7 +340,7 @@ def _write_shards(tensors: dict[str, np.ndarray], path: str, max_shard_bytes: in
     _save_atomic(group, os.path.join(path, file))
     weight_map.update(dict.fromkeys(group, file))
   total = sum(t.nbytes for t in tensors.values())
-  io.write_json(
+  rundir.write_json(
     os.path.join(path, "model.safetensors.index.json"),
     {"metadata": {"total_size": total}, "weight_map": weight_map},
   )

@@ -26,6 +26,7 @@ from flax import nnx
 
 from lm import sharding as sharding_lib
 from lm.model import Qwen, default_positions
+from lm.shapes import pow2_bucket, round_up
 
 Array = jax.Array
 
@@ -82,10 +83,6 @@ class SamplerConfig:
   step_bucket: int = 64
   max_rows: int = 256
   cache_dtype: Any = None
-
-
-def _bucket(n: int, minimum: int) -> int:
-  return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
 
 
 class Sampler:
@@ -182,13 +179,13 @@ class Sampler:
     batch_multiple = 1
     if self.mesh is not None:
       batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
-    rows = _round_up(_bucket(num, self.config.min_rows), batch_multiple)
+    rows = round_up(pow2_bucket(num, self.config.min_rows), batch_multiple)
     longest = max(len(p) for p in prompts)
     if self.config.prompt_bucket_multiple > 0:
-      prompt_len = max(_round_up(longest, self.config.prompt_bucket_multiple), self.config.min_prompt_bucket)
+      prompt_len = max(round_up(longest, self.config.prompt_bucket_multiple), self.config.min_prompt_bucket)
     else:
-      prompt_len = _bucket(longest, self.config.min_prompt_bucket)
-    steps = _round_up(max(params["max_new_tokens"]), self.config.step_bucket)
+      prompt_len = pow2_bucket(longest, self.config.min_prompt_bucket)
+    steps = round_up(max(params["max_new_tokens"]), self.config.step_bucket)
     tokens = np.full((rows, prompt_len), self.pad_id, np.int32)
     mask = np.zeros((rows, prompt_len), np.int32)
     for i, p in enumerate(prompts):
@@ -199,8 +196,8 @@ class Sampler:
       return np.asarray(list(values) + [fill] * (rows - num), dtype)
 
     # Stop tables come in bucketed shapes so a new stop set rarely recompiles.
-    stop_len = _bucket(max([len(s) for s in stop_ids], default=1), 8)
-    stop_table = np.full((_bucket(len(stop_ids), 4), stop_len), -1, np.int32)
+    stop_len = pow2_bucket(max([len(s) for s in stop_ids], default=1), 8)
+    stop_table = np.full((pow2_bucket(len(stop_ids), 4), stop_len), -1, np.int32)
     for i, s in enumerate(stop_ids):
       stop_table[i, stop_len - len(s) :] = s
     inputs = dict(
@@ -264,10 +261,6 @@ _CPU_DECODE_OPTIONS = {
     ["LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION", "LIBRARY_FUSION_TYPE_REDUCE"]
   )
 }
-
-
-def _round_up(x: int, multiple: int) -> int:
-  return -(-x // multiple) * multiple
 
 
 def _per_prompt(value, num: int, name: str, cast) -> list:

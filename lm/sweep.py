@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lm import io
+from lm import rundir
 
 Point = dict[str, Any]
 
@@ -119,7 +119,7 @@ def run_sweep(
   """
   points = load_points(config_arg)
   index_path = os.path.join(workdir, "index.json")
-  previous = io.read_json(index_path) if os.path.exists(index_path) else {"points": []}
+  previous = rundir.read_json(index_path) if os.path.exists(index_path) else {"points": []}
   done = {p["name"] for p in previous["points"] if p["status"] == "done"}
   index = {
     "config": config_arg,
@@ -135,7 +135,7 @@ def run_sweep(
     ],
   }
   os.makedirs(workdir, exist_ok=True)
-  io.write_json(index_path, index)
+  rundir.write_json(index_path, index)
   for entry in index["points"]:
     cmd = command(launcher, config_arg, entry["overrides"], os.path.join(workdir, entry["subdir"]))
     entry["command"] = shlex.join(cmd)
@@ -145,15 +145,15 @@ def run_sweep(
     if entry["status"] == "done":
       continue
     entry["status"] = "running"
-    io.write_json(index_path, index)
+    rundir.write_json(index_path, index)
     sub = os.path.join(workdir, entry["subdir"])
     os.makedirs(sub, exist_ok=True)
     start = time.time()
     with open(os.path.join(sub, "sweep.log"), "w") as log:
       rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     entry.update(status="done" if rc == 0 else "failed", returncode=rc, wall_seconds=time.time() - start)
-    io.write_json(index_path, index)
-  io.write_json(index_path, index)
+    rundir.write_json(index_path, index)
+  rundir.write_json(index_path, index)
   failed = [e["name"] for e in index["points"] if e["status"] == "failed"]
   if failed:
     raise RuntimeError(f"{len(failed)} sweep point(s) failed (see their sweep.log): {failed}")

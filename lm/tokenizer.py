@@ -25,7 +25,7 @@ import tokenizers
 import transformers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from lm import io
+from lm import rundir
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
 
@@ -203,7 +203,7 @@ def train_bpe_tokenizer(
   tok.train_from_iterator(list(corpus), trainer=trainer)
   if added_tokens:
     tok.add_tokens(list(added_tokens))
-  io.atomic_write_text(os.path.join(path, "tokenizer.json"), tok.to_str())
+  rundir.atomic_write_text(os.path.join(path, "tokenizer.json"), tok.to_str())
   config = {
     "tokenizer_class": "PreTrainedTokenizerFast",
     "eos_token": "<|im_end|>",
@@ -215,9 +215,9 @@ def train_bpe_tokenizer(
   }
   if chat_template is not None:
     config["chat_template"] = chat_template
-  io.write_json(os.path.join(path, "tokenizer_config.json"), config)
+  rundir.write_json(os.path.join(path, "tokenizer_config.json"), config)
   generation_config = os.path.join(path, "generation_config.json")
   if not os.path.exists(generation_config):  # a model's own (from `lm.save_hf`) is kept
     # Qwen checkpoints end chat turns with <|im_end|> and raw text with <|endoftext|>.
-    io.write_json(generation_config, {"eos_token_id": [tok.token_to_id("<|im_end|>"), 0]})
+    rundir.write_json(generation_config, {"eos_token_id": [tok.token_to_id("<|im_end|>"), 0]})
   return path

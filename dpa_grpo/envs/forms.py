@@ -35,7 +35,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from dpa_grpo.envs import taxcalc
-from lm import io
+from lm import rundir
 
 
 class FilingStatus(enum.StrEnum):
@@ -499,7 +499,7 @@ def generate_cases(
     input_text = json.dumps(input_json(h), indent=2, ensure_ascii=False) + "\n"
     xml_text = output_xml(h.status, lines)
     if out_dir is not None:
-      io.atomic_write_text(os.path.join(out_dir, case_id, "input.json"), input_text)
-      io.atomic_write_text(os.path.join(out_dir, case_id, "output.xml"), xml_text)
+      rundir.atomic_write_text(os.path.join(out_dir, case_id, "input.json"), input_text)
+      rundir.atomic_write_text(os.path.join(out_dir, case_id, "output.xml"), xml_text)
     cases.append(taxcalc.case_from_texts(case_id, input_text, xml_text))
   return cases

@@ -23,6 +23,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lm import text as text_lib
+
 IRS_NAMESPACE = "http://www.irs.gov/efile"
 STRICT_TOLERANCE = 0.0
 LENIENT_TOLERANCE = 5.0  # dollars; the benchmark's lenient rule is |pred - gold| <= 5
@@ -287,9 +289,6 @@ def parse_amount(text: str) -> ParsedAmount:
   return ParsedAmount(-value if negative else value, text)
 
 
-THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
-
-
 @functools.cache
 def _line_pattern(line_id: str) -> re.Pattern[str]:
   # `Line 16:` at the start of a line, allowing markdown (`**Line 16:**`, `- Line 16:`), and never
@@ -305,21 +304,6 @@ def _from_line_format(text: str, line_id: str) -> ParsedAmount | None:
   if not matches:
     return None
   return parse_amount(matches[-1].rsplit("|", 1)[1])
-
-
-def json_objects(text: str) -> list[dict[str, Any]]:
-  """Every JSON object embedded in the text (e.g. inside a ```json fence), in order."""
-  decoder, found, i = json.JSONDecoder(), [], text.find("{")
-  while i != -1:
-    try:
-      obj, end = decoder.raw_decode(text, i)
-    except json.JSONDecodeError:
-      i = text.find("{", i + 1)
-      continue
-    if isinstance(obj, dict):
-      found.append(obj)
-    i = text.find("{", end)
-  return found
 
 
 def _line_ref(ref: Any) -> str:
@@ -342,7 +326,7 @@ def _json_amount(value: Any) -> ParsedAmount:
 
 def _from_json(text: str, line_id: str) -> ParsedAmount | None:
   """From `{"line": "16", "amount": 4016}` or a return object `{"16": 4016, ...}`; last one wins."""
-  for obj in reversed(json_objects(text)):
+  for obj in reversed(text_lib.json_objects(text)):
     fields = {str(k).strip().lower(): v for k, v in obj.items()}
     if "amount" in fields and _line_ref(fields.get("line", line_id)) == line_id:
       return _json_amount(fields["amount"])
@@ -360,7 +344,7 @@ def parse_line_answer(text: str, line_id: str) -> ParsedAmount:
   (models restate and then correct). No answer for the line gives an unparsed marker.
   """
   line_by_id(line_id)
-  text = THINK_BLOCK.sub("", text if isinstance(text, str) else "")
+  text = text_lib.after_think(text)
   for parse in (_from_line_format, _from_json):
     found = parse(text, line_id)
     if found is not None:

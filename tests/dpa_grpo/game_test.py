@@ -118,11 +118,7 @@ def test_submitted_output():
   assert not game.submitted_right(False, game.SAC_ACTION, game.KEEP, True)  # 6b: the missed fix
 
 
-def test_wilson_interval_and_case_table():
-  low, high = game.wilson_interval(8, 10)
-  assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
-  assert game.wilson_interval(0, 0) == (0.0, 1.0)
-  assert game.wilson_interval(0, 5)[0] == 0.0 and game.wilson_interval(5, 5)[1] == 1.0
+def test_case_table():
   table = game.case_table(["1", "1", "4", "5a"])
   assert table["1"]["count"] == 2 and table["1"]["rate"] == 0.5 and table["6b"]["count"] == 0
   assert sum(row["rate"] for row in table.values()) == pytest.approx(1.0)

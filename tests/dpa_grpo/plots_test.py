@@ -6,17 +6,17 @@ import numpy as np
 
 from configs import theory as theory_config
 from dpa_grpo import plots
-from lm import io
+from lm import rundir
 
 
 def test_run_theory_and_sweep_summary(tmp_path):
   config = theory_config.get_config("smoke")
   config.loss.kl, config.loss.beta = "k3", 0.2
-  result = plots.run_theory(config, io.prepare_workdir(tmp_path / "000", config))
+  result = plots.run_theory(config, rundir.prepare_workdir(tmp_path / "000", config))
   for name in plots.FIGURES:
     for ext in ("png", "pdf"):
       assert os.path.getsize(tmp_path / "000" / f"{name}.{ext}") > 1000
-  saved = io.read_json(tmp_path / "000" / "theory.json")
+  saved = rundir.read_json(tmp_path / "000" / "theory.json")
   (fp,) = saved["variants"]["pair/k3"]["fixed_points"]
   assert fp["stable"] and max(fp["eigenvalues"]["real"]) < 0
   np.testing.assert_allclose(
@@ -25,7 +25,7 @@ def test_run_theory_and_sweep_summary(tmp_path):
   np.testing.assert_allclose(np.sum(saved["cases"]["probs"], axis=1), 1.0, rtol=1e-5)
   assert saved["figures"] == result["figures"]
   # A sweep index (as lm.sweep writes it) with this run done and one unfinished point.
-  io.write_json(
+  rundir.write_json(
     tmp_path / "index.json",
     {
       "points": [
@@ -34,7 +34,7 @@ def test_run_theory_and_sweep_summary(tmp_path):
       ]
     },
   )
-  rows = io.read_json(plots.summarize_sweep(str(tmp_path)))["rows"]
+  rows = rundir.read_json(plots.summarize_sweep(str(tmp_path)))["rows"]
   assert [r["beta"] for r in rows] == [0.2]
   np.testing.assert_allclose(rows[0]["stable_fixed_point"], fp["probs"])
   assert os.path.exists(tmp_path / "sweep_summary.png")

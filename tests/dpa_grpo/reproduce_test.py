@@ -9,7 +9,7 @@ import pytest
 from configs import dpa_grpo as dpa_config
 from dpa_grpo import game, report, reproduce, theory, train, warm_start
 from dpa_grpo.envs import forms, taxcalc
-from lm import io
+from lm import rundir
 from lm import tokenizer as tokenizer_lib
 
 
@@ -95,11 +95,11 @@ def test_reproduce_end_to_end_writes_the_report(tmp_path):
   for method in ("dpa_grpo", "grpo"):
     m = summary["methods"][method]
     assert m["last_step"] == 2 and 0.0 <= m["after_ci"][0] <= m["after"] <= m["after_ci"][1] <= 1.0
-    assert io.read_json(os.path.join(workdir, method, "config.json"))["model"]["checkpoint"] == os.path.join(
-      workdir, "warm_start"
-    )
-  assert io.read_json(os.path.join(workdir, "grpo", "config.json"))["method"] == "grpo"
-  ws = io.read_json(os.path.join(workdir, "warm_start", "warm_start.json"))
+    assert rundir.read_json(os.path.join(workdir, method, "config.json"))["model"][
+      "checkpoint"
+    ] == os.path.join(workdir, "warm_start")
+  assert rundir.read_json(os.path.join(workdir, "grpo", "config.json"))["method"] == "grpo"
+  ws = rundir.read_json(os.path.join(workdir, "warm_start", "warm_start.json"))
   assert ws["history"][-1]["step"] == 3 and np.isfinite(ws["history"][-1]["loss"])
   overlay = summary["theory_overlay"]
   assert overlay["kappa"] > 0 and np.allclose(np.sum(overlay["measured"], axis=1), 1.0)

@@ -26,12 +26,6 @@ def test_keep_rules(rule, amounts, logprobs, kept):
   assert rollout.keep_revision(_samples(logprobs), amounts, rule) == kept
 
 
-def test_seeds_depend_only_on_their_coordinates():
-  a = rollout.stage_seeds(0, 3, 1, "draft", 4)
-  assert a == rollout.stage_seeds(0, 3, 1, "draft", 4) and a[:2] == rollout.stage_seeds(0, 3, 1, "draft", 2)
-  assert a != rollout.stage_seeds(0, 3, 1, "verify", 4) and a != rollout.stage_seeds(0, 4, 1, "draft", 4)
-
-
 def test_compact_keeps_values_and_structure():
   case = forms.generate_cases(1, seed=0, difficulty=1)[0]
   shown = rollout.compact(case).forms["return_data"]

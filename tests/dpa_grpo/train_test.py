@@ -19,7 +19,7 @@ import pytest
 from configs import dpa_grpo as dpa_config
 from dpa_grpo import game, train
 from lm import checkpoint as ckpt_lib
-from lm import io
+from lm import rundir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
@@ -52,14 +52,14 @@ def _final_params(workdir, trainer_like):
 def uninterrupted(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
   config = _config()
-  io.prepare_workdir(workdir, config)
+  rundir.prepare_workdir(workdir, config)
   summary = train.run(config, workdir)
   return workdir, config, summary
 
 
 def test_end_to_end_run_writes_everything(uninterrupted):
   workdir, _, summary = uninterrupted
-  entries = list(io.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
+  entries = list(rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
   steps = [e for e in entries if "eval" not in e]
   evals = [e for e in entries if "eval" in e]
   assert [e["step"] for e in steps] == [1, 2, 3] and [e["step"] for e in evals] == [0, STEPS]
@@ -68,7 +68,7 @@ def test_end_to_end_run_writes_everything(uninterrupted):
   assert set(before["cases"]) == set(game.CASES) and before["units"] == 1
   assert 0.0 <= before["accuracy_ci"][0] <= before["accuracy"] <= before["accuracy_ci"][1] <= 1.0
   assert set(before["per_line_post"]) == {"1a"}
-  records = list(io.read_jsonl(os.path.join(workdir, "records", "train.jsonl")))
+  records = list(rundir.read_jsonl(os.path.join(workdir, "records", "train.jsonl")))
   assert len(records) == STEPS and {"x", "verifier", "sac", "revisions", "case"} <= set(records[0])
   assert summary["best_step"] in (0, STEPS) and os.listdir(os.path.join(workdir, "tb"))
 
@@ -117,7 +117,7 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
   for a, b in zip(leaves_a, leaves_b, strict=True):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
   assert meta_a == meta_b
-  steps_b = [e["step"] for e in io.read_jsonl(os.path.join(run_b, "metrics.jsonl")) if "eval" not in e]
+  steps_b = [e["step"] for e in rundir.read_jsonl(os.path.join(run_b, "metrics.jsonl")) if "eval" not in e]
   assert steps_b == [1, 2, 3]  # the killed run's lines after its checkpoint were dropped
   assert os.path.exists(os.path.join(workdir_b, "report.md"))
 
@@ -127,7 +127,7 @@ def test_generator_only_baseline_trains(tmp_path):
   config.train.steps = 1
   config.train.eval_every = 1
   summary = train.run(config, str(tmp_path))
-  entries = list(io.read_jsonl(os.path.join(tmp_path, "metrics.jsonl")))
+  entries = list(rundir.read_jsonl(os.path.join(tmp_path, "metrics.jsonl")))
   step = next(e for e in entries if "eval" not in e)
   assert np.isfinite(step["generator/loss"]) and "verifier/loss" not in step
   assert summary["method"] == "grpo" and set(summary["before"]["per_line"]) == {"1a"}

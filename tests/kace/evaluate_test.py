@@ -1,7 +1,6 @@
 """Metrics on hand-built records, the method registry, and a killed evaluation that resumes."""
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -30,17 +29,6 @@ def test_order_preservation_on_hand_built_cases(exit_tiers, rates, expected):
   order = evaluate.order_preservation(exit_tiers, rates)
   assert (order.concordant, order.compared, order.tied) == expected
   assert order.rate == (expected[0] / expected[1] if expected[1] else None)
-
-
-def test_bootstrap_ci_contains_the_mean_and_narrows_with_data():
-  values = [1.0] * 7 + [0.0] * 3
-  low, high = evaluate.bootstrap_ci(values, samples=1000, seed=1)
-  assert 0.0 <= low < 0.7 < high <= 1.0
-  assert evaluate.bootstrap_ci(values, samples=1000, seed=1) == (low, high)
-  wide, narrow = high - low, evaluate.bootstrap_ci(values * 20, samples=1000, seed=1)
-  assert narrow[1] - narrow[0] < wide / 2
-  assert evaluate.bootstrap_ci([1.0] * 5) == (1.0, 1.0)
-  assert all(math.isnan(x) for x in evaluate.bootstrap_ci([]))
 
 
 def _record(pid, exit_tier, correct, calls, tokens):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from kace import cards, embed, learn, synthetic, tiers
-from lm import generators, io
+from lm import generators, rundir
 from tests.kace import learn_helpers
 
 PARAMS = generators.GenerationParams(max_tokens=8, temperature=1.0)
@@ -177,13 +177,13 @@ def test_an_interrupted_build_resumes_without_redoing_finished_blocks(
   learner = _learner(grader, bert, learn_helpers.oracle_solver(problems, KEY), teacher, curator)
   with pytest.raises(Interrupt):
     learn.build(learner, problems, domains, str(tmp_path), cards.EpistemicTree())
-  state = io.read_json(tmp_path / learn.STATE)
+  state = rundir.read_json(tmp_path / learn.STATE)
   done_before = list(state["blocks_done"])
   assert done_before and state["refine_done"] == 0
   assert cards.EpistemicTree.load(tmp_path / learn.TREE).to_json() == state["tree"]
 
   tree = learn.build(learner, problems, domains, str(tmp_path), cards.EpistemicTree())
-  log = list(io.read_jsonl(tmp_path / learn.LOG))
+  log = list(rundir.read_jsonl(tmp_path / learn.LOG))
   adds = [r["block"] for r in log if r["phase"] == "add"]
   assert len(adds) == len(set(adds)) == len(tree.blocks())  # every block once, none twice
   assert adds[: len(done_before)] == done_before
@@ -192,7 +192,7 @@ def test_an_interrupted_build_resumes_without_redoing_finished_blocks(
   assert cards.EpistemicTree.load(tmp_path / learn.TREE) == tree
   assert "## HS / algebra" in (tmp_path / learn.AUDIT).read_text()
   again = learn.build(learner, problems, domains, str(tmp_path), cards.EpistemicTree())  # finished: no work
-  assert again == tree and len(list(io.read_jsonl(tmp_path / learn.LOG))) == len(log)
+  assert again == tree and len(list(rundir.read_jsonl(tmp_path / learn.LOG))) == len(log)
 
 
 JSONISH = st.recursive(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import configs.kace
 from kace import baselines, cards, embed, learn, methods, pipeline, synthetic, tiers
-from lm import generators, io
+from lm import generators, rundir
 from tests.kace import learn_helpers
 
 ALL = (
@@ -61,15 +61,15 @@ def test_every_method_runs_end_to_end_into_the_table(tmp_path, tiny_checkpoint, 
     assert cards.EpistemicTree.load(build / artifact / "tree.json") is not None, artifact
   assert cards.EpistemicTree.load(build / "no_domain" / "tree.json").domains == (cards.ANY,)
   assert cards.EpistemicTree.load(build / "no_difficulty" / "tree.json").tiers == (cards.ANY,)
-  prompt = io.read_json(build / "gepa" / "prompt.json")
+  prompt = rundir.read_json(build / "gepa" / "prompt.json")
   assert "{question}" in prompt["template"] and "{notes}" in prompt["template"]
-  records = list(io.read_jsonl(tmp_path / "synthetic" / "eval" / "records.jsonl"))
+  records = list(rundir.read_jsonl(tmp_path / "synthetic" / "eval" / "records.jsonl"))
   assert sorted({r["method"] for r in records}) == sorted(ALL)
   table = (tmp_path / "table.md").read_text()
   assert all(f"| {name} | " in table for name in ALL) and (tmp_path / "table.png").exists()
   # The tiny model's teacher and curator replies are not JSON: recorded with their errors, skipped.
   for artifact in ("kace", "no_domain", "no_difficulty"):
-    log = list(io.read_jsonl(build / artifact / learn.LOG))
+    log = list(rundir.read_jsonl(build / artifact / learn.LOG))
     taught = [r for r in log if r["phase"] == "add" and r["failed"]]
     assert taught and all(len(r["replies"]) == 1 == len(r["errors"]) and not r["added"] for r in taught)
     (refined,) = [r for r in log if r["phase"] == "refine"]

@@ -90,12 +90,6 @@ def test_solve_rates_are_one_call_of_k_samples(tiny_generator, grader, problems)
   assert all(r.k == 4 and len(r.answers) == 4 and 0 <= r.correct <= 4 for r in rates)
 
 
-def test_stage_seed_is_stable_and_distinct():
-  assert solve.stage_seed(0, "p", "ES") == solve.stage_seed(0, "p", "ES")
-  seeds = {solve.stage_seed(s, p, t) for s in (0, 1) for p in ("p", "q") for t in ("ES", "MS")}
-  assert len(seeds) == 8 and all(0 <= x < 2**32 for x in seeds)
-
-
 def test_demo_tree_cards_are_valid():
   tree = synthetic.demo_tree()
   assert not tree.over_budget() and len(tree.universal()) == 1

@@ -5,14 +5,14 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm import io
+from lm import rundir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 
 
 def main(_):
-  workdir = io.prepare_workdir(_WORKDIR.value, _CONFIG.value)
+  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
   with open(os.path.join(workdir, "runs.txt"), "a") as f:
     f.write("run\n")
 

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from lm import io, sweep
+from lm import rundir, sweep
 
 CONFIG = textwrap.dedent(
   """
@@ -51,10 +51,10 @@ def test_sweep_runs_one_process_per_point_and_resumes(tmp_path, capsys):
 
   index = sweep.run_sweep(f"{config}:small", launcher, workdir)
   assert [p["status"] for p in index["points"]] == ["done", "done"]
-  assert io.read_json(os.path.join(workdir, "index.json"))["points"] == index["points"]
+  assert rundir.read_json(os.path.join(workdir, "index.json"))["points"] == index["points"]
   for point, beta in zip(index["points"], [0.1, 1.0], strict=True):
     run_dir = os.path.join(workdir, point["subdir"])
-    resolved = io.read_json(os.path.join(run_dir, "config.json"))
+    resolved = rundir.read_json(os.path.join(run_dir, "config.json"))
     assert resolved["loss"]["beta"] == beta and resolved["tag"] == "small"
     assert point["overrides"] == {"config.loss.beta": beta}
 
@@ -69,5 +69,5 @@ def test_failed_points_are_recorded_and_reported(tmp_path):
   config.write_text(CONFIG)
   with pytest.raises(RuntimeError, match="2 sweep point"):
     sweep.run_sweep(str(config), "tests.launch.no_such_launcher", str(tmp_path / "sweep"))
-  statuses = [p["status"] for p in io.read_json(tmp_path / "sweep" / "index.json")["points"]]
+  statuses = [p["status"] for p in rundir.read_json(tmp_path / "sweep" / "index.json")["points"]]
   assert statuses == ["failed", "failed"]

@@ -1,4 +1,4 @@
-"""Crash-safe files for run directories: atomic writes and append-only JSONL records.
+"""Files of a run directory: atomic JSON writes, append-only JSONL logs, the resolved config.
 
 Every run directory in this project (KACE evaluations and tree builds, DPA-GRPO training, theory
 runs, sweeps) is written through these helpers so that a process killed at any instant leaves

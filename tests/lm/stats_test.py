@@ -1,0 +1,33 @@
+import math
+
+import numpy as np
+import pytest
+
+from lm import stats
+
+
+def test_wilson_interval_closed_form_and_edges():
+  # Wilson (1927): centre (p + z²/2n) / (1 + z²/n), half-width z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n).
+  z, n, k = 1.959963984540054, 10, 8
+  p = k / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  np.testing.assert_allclose(stats.wilson_interval(k, n), (centre - half, centre + half), atol=1e-12)
+  assert stats.wilson_interval(0, 0) == (0.0, 1.0)
+  for n in range(1, 80):  # the bounds always contain the point estimate, exactly at 0 and 1
+    assert stats.wilson_interval(0, n)[0] == 0.0 and stats.wilson_interval(n, n)[1] == 1.0
+    low, high = stats.wilson_interval(n // 2, n)
+    assert low <= (n // 2) / n <= high
+  with pytest.raises(ValueError, match="successes"):
+    stats.wilson_interval(5, 4)
+
+
+def test_bootstrap_ci_contains_the_mean_and_narrows_with_data():
+  values = [1.0] * 7 + [0.0] * 3
+  low, high = stats.bootstrap_ci(values, samples=1000, seed=1)
+  assert 0.0 <= low < 0.7 < high <= 1.0
+  assert stats.bootstrap_ci(values, samples=1000, seed=1) == (low, high)
+  wide, narrow = high - low, stats.bootstrap_ci(values * 20, samples=1000, seed=1)
+  assert narrow[1] - narrow[0] < wide / 2
+  assert stats.bootstrap_ci([1.0] * 5) == (1.0, 1.0)
+  assert all(math.isnan(x) for x in stats.bootstrap_ci([]))
