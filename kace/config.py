@@ -95,8 +95,8 @@ class GepaConfig:
   val_fraction: float = 0.5
 
   def __post_init__(self):
-    if not 0 <= self.val_fraction < 1:
-      raise ValueError(f"gepa.val_fraction must be in [0, 1), got {self.val_fraction}")
+    if not 0 <= self.val_fraction <= 1:
+      raise ValueError(f"gepa.val_fraction must be in [0, 1], got {self.val_fraction}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,8 +208,8 @@ class DataConfig:
   def __post_init__(self):
     if self.name not in DATA_NAMES:
       raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {self.name!r}")
-    if not 0 <= self.test_fraction < 1:
-      raise ValueError(f"config.data.test_fraction must be in [0, 1), got {self.test_fraction}")
+    if not 0 <= self.test_fraction <= 1:  # as data.train_test_split takes it
+      raise ValueError(f"config.data.test_fraction must be in [0, 1], got {self.test_fraction}")
     if self.limit < 0:
       raise ValueError(f"config.data.limit must be >= 0, got {self.limit}")
 
