@@ -41,10 +41,9 @@ def main(argv):
   del argv
   config = synthetic.TinySolverConfig()
   checkpoint = _CHECKPOINT.value or synthetic.ensure_tiny_solver(os.path.expanduser(_CACHE.value), config)
+  sampler = dict(min_prompt_bucket=64, step_bucket=16, max_rows=512)
   generator = generators.make_generator(
-    generators.default_config(
-      checkpoint=checkpoint, dtype="float32", sampler=dict(min_prompt_bucket=64, step_bucket=16, max_rows=512)
-    )
+    generators.GeneratorConfig(checkpoint=checkpoint, dtype="float32", sampler=sampler)
   )
   problems = config.problems()[1][: _PROBLEMS.value]
   domains = {p.id: p.domain for p in problems}

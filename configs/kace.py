@@ -11,25 +11,44 @@ openai    any OpenAI-compatible server (vLLM, SGLang, launch/serve.py):
           --config.roles.solver.base_url=http://host:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B
 """
 
-import dataclasses
-
 import ml_collections
 
-from kace import cards, learn, projection, synthetic
-from lm import generators
+from configs.generators import generator_config
+
+# The defaults below are those of the library records they configure (kace.learn.LearnConfig,
+# kace.synthetic.TinySolverConfig, kace.cards.DEFAULT_DOMAINS,
+# kace.projection.SOLVER_TEMPLATE), written out so that this file imports no library module;
+# tests/kace/config_test.py checks that they agree. kace.config.KaceConfig types this ConfigDict
+# once, in the launchers.
+DOMAINS = ("algebra", "geometry", "combinatorics", "number_theory")
+SOLVER_TEMPLATE = (
+  "Solve the following math problem. Put the final answer in \\boxed{{}}.\n{notes}\nProblem: {question}"
+)
 
 
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.methods = ("best_of_n", "tiered", "kace")
-  # Per-method options (kace.methods reads them; issue-6 methods add their own sections).
+  # Per-method options (kace.methods reads them; the learned methods and baselines have their own).
   c.best_of_n = ml_collections.ConfigDict(dict(n=5))
   c.kace = ml_collections.ConfigDict(dict(tree=""))  # an Epistemic Tree JSON file
   # Learning (kace.learn.LearnConfig fields; `dir`: a build directory with the learned artefacts).
   c.learn = ml_collections.ConfigDict(
     dict(
-      dir="", budget_tokens=1024, train_limit=0, embedder_dir="", **dataclasses.asdict(learn.LearnConfig())
+      dir="",
+      budget_tokens=1024,
+      train_limit=0,
+      embedder_dir="",
+      distill="teacher",
+      failures_per_prompt=4,
+      max_cards=3,
+      attempt_chars=600,
+      retries=2,
+      refine_rounds=1,
+      duplicate_threshold=0.85,
+      helpful_share=0.5,
+      max_card_chars=600,
     )
   )
   c.ace = ml_collections.ConfigDict(dict(epochs=1, batch_size=16, budget_tokens=2048))
@@ -64,9 +83,9 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       calls="samples",
     )
   )
-  c.domains = cards.DEFAULT_DOMAINS
+  c.domains = DOMAINS
   c.fallback_domain = ""  # an unusable classifier reply gets this domain ("" = the first domain)
-  c.prompt = ml_collections.ConfigDict(dict(solver=projection.SOLVER_TEMPLATE))
+  c.prompt = ml_collections.ConfigDict(dict(solver=SOLVER_TEMPLATE))
   # Solver sampling (lm.generators.GenerationParams; seeds are derived per problem and stage).
   c.sampling = ml_collections.ConfigDict(
     dict(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, stop=(), enable_thinking=None)
@@ -78,9 +97,9 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c.classifier_sampling = ml_collections.ConfigDict(
     dict(max_tokens=32, temperature=0.0, top_p=1.0, top_k=0, stop=(), enable_thinking=False)
   )
-  # LLM roles (lm.generators.default_config); a role left None is played by the solver.
+  # LLM roles (lm.generators.GeneratorConfig fields); a role left None is played by the solver.
   c.roles = ml_collections.ConfigDict()
-  c.roles.solver = generators.default_config()
+  c.roles.solver = generator_config()
   for name in ("classifier", "teacher", "curator", "router"):
     c.roles[name] = ml_collections.config_dict.placeholder(ml_collections.ConfigDict)
   c.data = ml_collections.ConfigDict(
@@ -99,7 +118,25 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c.grader = ml_collections.ConfigDict(dict(workers=2, timeout_s=5.0))
   # The CPU-scale tiny solver (kace.synthetic.TinySolverConfig fields + where to cache it).
   c.synthetic = ml_collections.ConfigDict(
-    dict(build_solver=False, cache_dir="~/.cache/kace", **dataclasses.asdict(synthetic.TinySolverConfig()))
+    dict(
+      build_solver=False,
+      cache_dir="~/.cache/kace",
+      seed=0,
+      per_cell=400,
+      test_per_cell=4,
+      vocab_size=512,
+      hidden_size=64,
+      intermediate_size=192,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      card_fraction=0.3,
+      steps=1000,
+      batch_size=32,
+      learning_rate=3e-3,
+      warmup_steps=30,
+    )
   )
 
   if arg == "cpu":

@@ -8,13 +8,13 @@ Presets: default (a checkpoint you name), tiny (random tiny Qwen3 weights; still
 
 import ml_collections
 
-from lm import generators
+from configs.generators import generator_config
 
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # The local model: an HF checkpoint directory (tokenizer in it unless model.tokenizer is set).
-  c.model = generators.default_config(kind="jax", checkpoint="", dtype="bfloat16")
+  c.model = generator_config(kind="jax", checkpoint="", dtype="bfloat16")
   # Fields of lm.server.ServerConfig, except api_key_env: the environment variable holding the
   # API key clients must send ("" = no key; a named but unset variable is an error).
   c.server = ml_collections.ConfigDict(

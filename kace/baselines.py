@@ -298,7 +298,7 @@ def parse_router(reply: str, known: Sequence[str], k: int) -> tuple[str, ...]:
   return tuple(dict.fromkeys(i for i in ids if i in set(known)))[:k]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RouterContext:
   """`llm_router`: a router LLM picks up to `k` cards from every live card of `tree`, once per
   problem (reused at every stage); an unusable reply after retries gives no cards."""

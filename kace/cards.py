@@ -84,7 +84,7 @@ class Edit:
   reason: str
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Card:
   """A typed knowledge item; `tier` and `domain` are both None for a universal card."""
 
@@ -226,7 +226,14 @@ class EpistemicTree:
     """Adds a card to block (tier, domain), or to the universal cards when both are None."""
     tier, domain = self._place(tier, domain)
     card_id, next_id = self._new_id()
-    card = Card(card_id, _check_type(type), _check_text(text), tier, domain, provenance)
+    card = Card(
+      id=card_id,
+      type=_check_type(type),
+      text=_check_text(text),
+      tier=tier,
+      domain=domain,
+      provenance=provenance,
+    )
     card = _record(card, "add", None, card.text, reason)
     tree = dataclasses.replace(self, cards=self.cards + (card,), next_id=next_id)
     return tree._within_budget(card), card
@@ -286,7 +293,13 @@ class EpistemicTree:
     for s in sources[1:]:
       provenance, counters = provenance.union(s.provenance), counters + s.counters
     merged = Card(
-      card_id, _check_type(type or first.type), _check_text(text), tier, domain, provenance, counters
+      id=card_id,
+      type=_check_type(type or first.type),
+      text=_check_text(text),
+      tier=tier,
+      domain=domain,
+      provenance=provenance,
+      counters=counters,
     )
     merged = _record(merged, "merge", " + ".join(card_ids), merged.text, reason)
     retired = tuple(_record(s, "merge", s.location, f"merged into {card_id}", reason) for s in sources)

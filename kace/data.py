@@ -53,7 +53,7 @@ def domain_of(subject: str | None) -> str | None:
   return DOMAIN_OF_SUBJECT.get(subject.strip().lower().replace("_", " "))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Problem:
   """A benchmark problem; `answer` is the gold final answer as a LaTeX-ish string."""
 
@@ -214,10 +214,10 @@ def load_aime2025(source: str | os.PathLike = "opencompass/AIME2025") -> list[Pr
   AIME2025-II) or the MathArena layout (problem_idx, problem, answer). No domain labels."""
   problems = [
     Problem(
-      _row_id(r, "aime2025"),
-      str(_field(r, "question", "problem")),
-      str(_field(r, "answer")).strip(),
-      "AIME2025",
+      id=_row_id(r, "aime2025"),
+      question=str(_field(r, "question", "problem")),
+      answer=str(_field(r, "answer")).strip(),
+      source="AIME2025",
     )
     for r in read_rows(source)
   ]
@@ -254,7 +254,13 @@ def load_math(
     subject = r.fields.get("type") or r.fields.get("subject")
     problems.append(
       Problem(
-        _row_id(r, "math"), str(_field(r, "problem")), str(answer), "MATH", subject, domain_of(subject), level
+        id=_row_id(r, "math"),
+        question=str(_field(r, "problem")),
+        answer=str(answer),
+        source="MATH",
+        subject=subject,
+        domain=domain_of(subject),
+        level=level,
       )
     )
   if unboxed:
@@ -278,7 +284,14 @@ def load_olymmath(source: str | os.PathLike, splits: Iterable[str] = OLYMMATH_EN
     subject = r.fields.get("subject")
     question, answer = str(_field(r, "problem")), str(_field(r, "answer"))
     problems.append(
-      Problem(_row_id(r, "olymmath"), question, answer, Path(r.stem).name, subject, domain_of(subject))
+      Problem(
+        id=_row_id(r, "olymmath"),
+        question=question,
+        answer=answer,
+        source=Path(r.stem).name,
+        subject=subject,
+        domain=domain_of(subject),
+      )
     )
   return _unique(problems, source)
 

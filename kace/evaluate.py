@@ -1,11 +1,11 @@
 """Resumable KACE evaluation: per-problem records, metrics with bootstrap CIs, a table, plots.
 
-`run(config, workdir)` loads the problems, assigns domains, samples the empirical solve rates,
-solves every problem with every method in `config.methods` (batch by batch, each finished batch
-appended to `records.jsonl`), then computes the metrics from the records on disk and writes
-`metrics.json`, `results.md` and two plots. A killed run restarted on the same workdir skips every
-(method, problem) already recorded, so nothing is solved twice. The record format and the metric
-definitions are in docs/kace.md ("Evaluation").
+`run(config, workdir)` (a typed `kace.config.KaceConfig`) loads the problems, assigns domains,
+samples the empirical solve rates, solves every problem with every method in `config.methods` (batch
+by batch, each finished batch appended to `records.jsonl`), then computes the metrics from the
+records on disk and writes `metrics.json`, `results.md` and two plots. A killed run restarted on the
+same workdir skips every (method, problem) already recorded, so nothing is solved twice. The record
+format and the metric definitions are in docs/kace.md ("Evaluation").
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from kace import answers, data, methods, projection, solve, synthetic
+from kace import config as config_lib
 from lm import generators, rundir, stats
 from lm.plotting import plt  # noqa: E402
 
@@ -33,35 +34,37 @@ TIER_RANK = {t: i for i, t in enumerate(solve.STAGE_ORDER)}
 # ---- setup -------------------------------------------------------------------------------------------
 
 
-def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """An unlocked copy of `config` with the CPU-scale solver filled in: when `synthetic.build_solver`
-  is set, the tiny solver is built (or found in its cache) and becomes the solver checkpoint, and
-  its demonstration tree the `kace` tree unless one is given."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  if config.synthetic.build_solver:
-    path = synthetic.ensure_tiny_solver(
-      os.path.expanduser(config.synthetic.cache_dir), tiny_solver_config(config)
-    )
-    config.roles.solver.checkpoint = path
-    config.kace.tree = config.kace.tree or os.path.join(path, "tree.json")
-  return config
-
-
-def tiny_solver_config(config: ml_collections.ConfigDict) -> synthetic.TinySolverConfig:
-  fields = {f.name for f in dataclasses.fields(synthetic.TinySolverConfig)}
-  return synthetic.TinySolverConfig(**{k: v for k, v in config.synthetic.to_dict().items() if k in fields})
+def resolve(config: config_lib.KaceConfig) -> config_lib.KaceConfig:
+  """`config` with the CPU-scale solver filled in: when `synthetic.build_solver` is set, the tiny
+  solver is built (or found in its cache) and becomes the solver checkpoint, and its demonstration
+  tree the `kace` tree unless one is given."""
+  if not config.synthetic.build_solver:
+    return config
+  path = synthetic.ensure_tiny_solver(
+    os.path.expanduser(config.synthetic.cache_dir), config.synthetic.tiny_solver()
+  )
+  solver = dataclasses.replace(config.roles.solver, checkpoint=path)
+  return dataclasses.replace(
+    config,
+    roles=dataclasses.replace(config.roles, solver=solver),
+    kace=dataclasses.replace(config.kace, tree=config.kace.tree or os.path.join(path, "tree.json")),
+  )
 
 
 def load_problems(
-  config: ml_collections.ConfigDict, grader: answers.Grader, half: str = "test"
+  data_config: config_lib.DataConfig,
+  tiny_solver: synthetic.TinySolverConfig,
+  grader: answers.Grader,
+  half: str = "test",
 ) -> list[data.Problem]:
-  """The evaluation problems `config.data` names, filtered and limited as configured; `half="train"`
-  gives the other half of the split instead (what kace.learn trains on)."""
-  d = config.data
+  """The evaluation problems `data_config` names, filtered and limited as configured; `half="train"`
+  gives the other half of the split instead (what kace.learn trains on). `tiny_solver` says which
+  synthetic problems there are."""
+  d = data_config
   if half not in ("train", "test"):
     raise ValueError(f"half must be 'train' or 'test', got {half!r}")
   if d.name == "synthetic":
-    problems = tiny_solver_config(config).problems()[half == "test"]
+    problems = tiny_solver.problems()[half == "test"]
   elif d.name == "aime2025":
     problems = data.load_aime2025(d.source or "opencompass/AIME2025")
   elif d.name == "math":
@@ -80,26 +83,26 @@ def load_problems(
   return problems[: d.limit] if d.limit and half == "test" else problems
 
 
-def params(sampling: ml_collections.ConfigDict) -> generators.GenerationParams:
-  return generators.GenerationParams(**{**sampling.to_dict(), "stop": tuple(sampling.stop)})
-
-
 def load_domains(
-  problems: Sequence[data.Problem], config: ml_collections.ConfigDict, classifier, workdir: str
+  problems: Sequence[data.Problem],
+  classifier,
+  workdir: str,
+  *,
+  domains: Sequence[str],
+  params: generators.GenerationParams,
+  fallback: str = "",
 ) -> projection.Domains:
-  """Domains of `problems`, assigned once per run and kept in `domains.json` (a resumed run reuses
-  them, so a classifier's replies cannot change between the halves of a run)."""
+  """Domains of `problems` (one of `domains` each), assigned once per run and kept in `domains.json`
+  (a resumed run reuses them, so a classifier's replies cannot change between the halves of a run).
+  `classifier()` gives the classifier, called only when a problem's own label is not a domain;
+  `params` is its sampling, and `fallback` the domain of an unusable reply ("" = the first)."""
   path = os.path.join(workdir, DOMAINS)
   saved = rundir.read_json(path) if os.path.exists(path) else {"of": {}, "source": {}, "replies": {}}
   todo = [p for p in problems if p.id not in saved["of"]]
   if todo:
-    unlabelled = any(p.domain not in config.domains for p in todo)
+    unlabelled = any(p.domain not in domains for p in todo)
     new = projection.assign_domains(
-      todo,
-      tuple(config.domains),
-      classifier() if unlabelled else None,
-      params(config.classifier_sampling),
-      fallback=config.fallback_domain or None,
+      todo, tuple(domains), classifier() if unlabelled else None, params, fallback=fallback or None
     )
     for key in ("of", "source", "replies"):
       saved[key].update(getattr(new, key))
@@ -108,27 +111,49 @@ def load_domains(
   return projection.Domains(pick("of"), pick("source"), pick("replies"))
 
 
+def domains_of_run(
+  config: config_lib.KaceConfig, problems: Sequence[data.Problem], classifier, workdir: str
+) -> projection.Domains:
+  """`load_domains` with the run's domains, classifier sampling and fallback."""
+  return load_domains(
+    problems,
+    classifier,
+    workdir,
+    domains=config.domains,
+    params=config.classifier_sampling.params(),
+    fallback=config.fallback_domain,
+  )
+
+
 # ---- the run ---------------------------------------------------------------------------------------
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
+def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]]:
   """Evaluates every method of `config.methods` into `workdir`; returns the metrics per method."""
   config = resolve(config)
   rundir.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
-  built = [methods.build(name, config) for name in config.methods]
+  options = config.method_options()
+  built = [methods.build(name, options) for name in config.methods]
   with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
-    problems = load_problems(config, grader)
+    problems = load_problems(config.data, config.synthetic.tiny_solver(), grader)
     _log.info("%d problems, methods %s", len(problems), list(config.methods))
     solver = generators.make_generator(config.roles.solver)
     classifier = lambda: (
       generators.make_generator(config.roles.classifier) if config.roles.classifier else solver
     )
-    domains = load_domains(problems, config, classifier, workdir)
-    sampling = params(config.sampling)
+    domains = domains_of_run(config, problems, classifier, workdir)
+    sampling = config.sampling.params()
     if config.eval.solve_rate_k:
-      run_solve_rates(problems, solver, grader, config, sampling, workdir)
+      run_solve_rates(
+        problems, solver, grader, workdir,
+        k=config.eval.solve_rate_k, batch_size=config.eval.batch_size, params=sampling,
+        template=config.prompt.solver, seed=config.seed,
+      )  # fmt: skip
     for method in built:
-      run_method(method, problems, domains, solver, grader, config, sampling, workdir)
+      run_method(
+        method, problems, domains, solver, grader, workdir,
+        batch_size=config.eval.batch_size, params=sampling, seed=config.seed,
+      )  # fmt: skip
   return report(config, problems, workdir)
 
 
@@ -141,46 +166,62 @@ def _recorded(path: str, key) -> set:
   return {key(r) for r in rundir.read_jsonl(path)}
 
 
-def run_solve_rates(problems, solver, grader, config, sampling, workdir) -> None:
+def run_solve_rates(
+  problems: Sequence[data.Problem],
+  solver: generators.TextGenerator,
+  grader: answers.Grader,
+  workdir: str,
+  *,
+  k: int,
+  batch_size: int,
+  params: generators.GenerationParams,
+  template: str,
+  seed: int,
+) -> None:
   """Appends `solve_rates.jsonl` for problems without one (k samples each, batch by batch)."""
   path = os.path.join(workdir, SOLVE_RATES)
   done = _recorded(path, lambda r: r["id"])
   todo = [p for p in problems if p.id not in done]
   progress = solve.Progress(len(problems), "solve rates", {"sampled": len(problems) - len(todo)})
-  for batch in _batches(todo, config.eval.batch_size):
-    progress.stage(f"k={config.eval.solve_rate_k}", len(batch))
+  for batch in _batches(todo, batch_size):
+    progress.stage(f"k={k}", len(batch))
     rates = solve.solve_rates(
-      batch,
-      generator=solver,
-      grader=grader,
-      k=config.eval.solve_rate_k,
-      params=sampling,
-      template=methods.template(config),
-      seed=config.seed,
+      batch, generator=solver, grader=grader, k=k, params=params, template=template, seed=seed
     )
     rundir.append_jsonl(path, rates)
     progress.finished(["sampled"] * len(batch))
   progress.close()
 
 
-def run_method(method, problems, domains, solver, grader, config, sampling, workdir) -> None:
+def run_method(
+  method: methods.Method,
+  problems: Sequence[data.Problem],
+  domains: projection.Domains,
+  solver: generators.TextGenerator,
+  grader: answers.Grader,
+  workdir: str,
+  *,
+  batch_size: int,
+  params: generators.GenerationParams,
+  seed: int,
+) -> None:
   """Appends a record per problem not yet solved by `method`, one batch of problems at a time."""
   path = os.path.join(workdir, RECORDS)
   done = {i for m, i in _recorded(path, lambda r: (r["method"], r["id"])) if m == method.name}
   todo = [p for p in problems if p.id not in done]
   tally = collections.Counter(r["exit_tier"] for r in rundir.read_jsonl(path) if r["method"] == method.name)
   progress = solve.Progress(len(problems), method.name, tally)
-  for batch in _batches(todo, config.eval.batch_size):
+  for batch in _batches(todo, batch_size):
     solutions = solve.solve(
       batch,
       domains.of,
       generator=solver,
       grader=grader,
       schedule=method.schedule,
-      params=sampling,
+      params=params,
       context=method.context,
       template=method.template,
-      seed=config.seed,
+      seed=seed,
       progress=progress,
     )
     rundir.append_jsonl(
@@ -255,7 +296,7 @@ def method_metrics(
   }
 
 
-def report(config: ml_collections.ConfigDict, problems: Sequence[data.Problem], workdir: str) -> dict:
+def report(config: config_lib.KaceConfig, problems: Sequence[data.Problem], workdir: str) -> dict:
   """Metrics from the records on disk (for `problems` only) → metrics.json, results.md, plots."""
   ids = {p.id for p in problems}
   records = [r for r in rundir.read_jsonl(os.path.join(workdir, RECORDS)) if r["id"] in ids]
@@ -266,19 +307,33 @@ def report(config: ml_collections.ConfigDict, problems: Sequence[data.Problem], 
     for name, rs in by_method.items()
   }
   rundir.write_json(os.path.join(workdir, "metrics.json"), metrics)
-  rundir.atomic_write_text(os.path.join(workdir, "results.md"), results_table(metrics, config, len(problems)))
-  plot_accuracy_vs_calls(metrics, os.path.join(workdir, "accuracy_vs_calls.png"))
+  table = results_table(
+    metrics,
+    benchmark=config.data.name,
+    problems=len(problems),
+    solve_rate_k=config.eval.solve_rate_k,
+    bootstrap=config.eval.bootstrap,
+  )
+  rundir.atomic_write_text(os.path.join(workdir, "results.md"), table)
+  plot_accuracy_vs_calls({"": metrics}, os.path.join(workdir, "accuracy_vs_calls.png"))
   plot_tier_vs_solve_rate(by_method, rates, os.path.join(workdir, "exit_tier_vs_solve_rate.png"))
   return metrics
 
 
-def results_table(metrics: Mapping[str, Mapping[str, Any]], config: ml_collections.ConfigDict, n: int) -> str:
-  """The Markdown results table (one row per method)."""
-  k = config.eval.solve_rate_k
+def results_table(
+  metrics: Mapping[str, Mapping[str, Any]],
+  *,
+  benchmark: str,
+  problems: int,
+  solve_rate_k: int,
+  bootstrap: int,
+) -> str:
+  """The Markdown results table (one row per method) of `problems` problems of `benchmark`."""
+  k = solve_rate_k
   lines = [
-    f"# KACE evaluation: {config.data.name}, {n} problems",
+    f"# KACE evaluation: {benchmark}, {problems} problems",
     "",
-    f"Accuracy with a percentile-bootstrap 95% CI ({config.eval.bootstrap} resamples); calls = sampled "
+    f"Accuracy with a percentile-bootstrap 95% CI ({bootstrap} resamples); calls = sampled "
     f"completions per problem; order preservation = pairwise concordance of exit tier with the solve "
     f"rate from k={k} samples (pairs tied on either side left out).",
     "",
@@ -301,16 +356,25 @@ def results_table(metrics: Mapping[str, Mapping[str, Any]], config: ml_collectio
   return "\n".join(lines) + "\n"
 
 
-def plot_accuracy_vs_calls(metrics: Mapping[str, Mapping[str, Any]], path: str) -> None:
-  fig, ax = plt.subplots(figsize=(5, 4))
-  for name, m in metrics.items():
-    err = [[m["accuracy"] - m["ci_low"]], [m["ci_high"] - m["accuracy"]]]
-    ax.errorbar([m["mean_calls"]], [m["accuracy"]], yerr=err, fmt="o", capsize=4, label=name)
-  ax.set_xlabel("mean solver calls per problem")
-  ax.set_ylabel("accuracy (95% bootstrap CI)")
-  ax.set_ylim(0, 1)
-  ax.legend()
-  ax.grid(alpha=0.3)
+def plot_accuracy_vs_calls(panels: Mapping[str, Mapping[str, Mapping[str, Any]]], path: str) -> None:
+  """Accuracy (with its 95% CI) against mean solver calls, one point per method, one panel per
+  benchmark (`panels`: {title: {method: metrics}}; the evaluation draws one untitled panel, the
+  table one per benchmark). Methods with no problems are left out."""
+  titled = any(panels)  # the table's: wider panels, smaller caps and legend
+  size, capsize = ((5.5 * len(panels), 4.5), 3) if titled else ((5, 4), 4)
+  fig, axes = plt.subplots(1, len(panels), figsize=size, squeeze=False)
+  for ax, (title, by_method) in zip(axes[0], panels.items(), strict=True):
+    for name, m in by_method.items():
+      if m["problems"] and not math.isnan(m["accuracy"]):
+        err = [[m["accuracy"] - m["ci_low"]], [m["ci_high"] - m["accuracy"]]]
+        ax.errorbar([m["mean_calls"]], [m["accuracy"]], yerr=err, fmt="o", capsize=capsize, label=name)
+    if title:
+      ax.set_title(title)
+    ax.set_xlabel("mean solver calls per problem")
+    ax.set_ylabel("accuracy (95% bootstrap CI)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(**({"fontsize": 7} if titled else {}))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

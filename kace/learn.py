@@ -151,7 +151,7 @@ def parse_reflection(reply: str, max_chars: int = 600) -> tuple[tuple[str, str],
   return (("reflection", text[:max_chars]),)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Operation:
   """One curator operation. `ids` has one card except for MERGE; `tier`/`domain` for RELOCATE."""
 
@@ -189,14 +189,15 @@ def parse_operations(reply: str, max_chars: int = 600) -> tuple[Operation, ...]:
       ids = item.get("ids")
       if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(x, str) for x in ids):
         raise ReplyError(f"{where}.ids: expected a list of at least two card ids")
-      ops.append(Operation(op, tuple(ids), string_field(item, "text", where, max_chars), reason=reason))
+      text = string_field(item, "text", where, max_chars)
+      ops.append(Operation(op=op, ids=tuple(ids), text=text, reason=reason))
       continue
     card_id = string_field(item, "id", where, 100)
     text = string_field(item, "text", where, max_chars) if op == "edit" else None
     tier, domain = (
       (_opt_name(item, "tier", where), _opt_name(item, "domain", where)) if op == "relocate" else (None, None)
     )
-    ops.append(Operation(op, (card_id,), text, tier, domain, reason))
+    ops.append(Operation(op=op, ids=(card_id,), text=text, tier=tier, domain=domain, reason=reason))
   return tuple(ops)
 
 
@@ -264,7 +265,7 @@ def ask(
 # ---- the learner ------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Learner:
   """Everything ADD and REFINE call: the roles, the grader, and how the solver is run."""
 
@@ -348,7 +349,7 @@ def _accuracy(solutions: Sequence[solve.Solution]) -> float:
   return float(np.mean([s.correct for s in solutions])) if solutions else 0.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BlockResult:
   """What ADD did for one block (one line of the build log)."""
 
@@ -410,17 +411,17 @@ def add_block(learner: Learner, tree, key, own, problems, domains) -> tuple[card
     accepted = after >= before
   failed = sum(not s.correct for s in own)
   result = BlockResult(
-    "/".join(key),
-    len(own),
-    failed,
-    [(t, text) for t, text, _ in proposed],
-    added,
-    rejected,
-    before,
-    after,
-    accepted,
-    replies,
-    errors,
+    block="/".join(key),
+    problems=len(own),
+    failed=failed,
+    proposed=[(t, text) for t, text, _ in proposed],
+    added=added,
+    rejected=rejected,
+    accuracy_before=before,
+    accuracy_after=after,
+    accepted=accepted,
+    replies=replies,
+    errors=errors,
   )
   return (candidate if accepted else tree), result
 

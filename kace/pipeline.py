@@ -7,23 +7,21 @@ and the paper's reported number beside it where there is one) and one plot.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import ml_collections
-
 from kace import answers, baselines, cards, data, embed, evaluate, learn, methods
+from kace import config as config_lib
 from lm import rundir
-from lm.plotting import plt  # noqa: E402
 
 _log = logging.getLogger(__name__)
 
-# REFERENCE.md §1: the KACE paper's accuracies on AIME 2025 (%); "~" marks a number it gives roughly
-# (generic retrieval, LLM router or embedding, "~56%").
+# The KACE paper's reported accuracies on AIME 2025 (%), from its results table and ablations; "~"
+# marks a number it gives only roughly (generic retrieval, LLM router or embedding, "~56%").
 PAPER = {
   "aime2025": {
     "best_of_n": "51.8",
@@ -38,33 +36,30 @@ PAPER = {
 }
 
 
-def training_problems(config: ml_collections.ConfigDict, grader: answers.Grader) -> list[data.Problem]:
+def training_problems(config: config_lib.KaceConfig, grader: answers.Grader) -> list[data.Problem]:
   """The training half of `config.data`, a seeded sample of `learn.train_limit` when that is set."""
-  problems = evaluate.load_problems(config, grader, half="train")
+  problems = evaluate.load_problems(config.data, config.synthetic.tiny_solver(), grader, half="train")
   if config.learn.train_limit and len(problems) > config.learn.train_limit:
     problems = random.Random(config.seed).sample(problems, config.learn.train_limit)
   return sorted(problems, key=lambda p: p.id)
 
 
-def learn_config(config: ml_collections.ConfigDict, distill: str) -> learn.LearnConfig:
-  fields = set(learn.LearnConfig.__dataclass_fields__)
-  return learn.LearnConfig(
-    **{**{k: v for k, v in config.learn.to_dict().items() if k in fields}, "distill": distill}
-  )
-
-
-def learner(config, grader, embedder, distill: str = "teacher") -> learn.Learner:
+def learner(
+  config: config_lib.KaceConfig, grader: answers.Grader, embedder, distill: str = "teacher"
+) -> learn.Learner:
+  """The roles, sampling and ADD / REFINE options every artefact's learning shares."""
+  roles = config.roles
   return learn.Learner(
-    solver=methods.role(config, "solver"),
-    teacher=methods.role(config, "teacher"),
-    curator=methods.role(config, "curator"),
+    solver=methods.role(roles.get("solver")),
+    teacher=methods.role(roles.get("teacher")),
+    curator=methods.role(roles.get("curator")),
     grader=grader,
     embedder=embedder,
-    schedule=methods.schedule(config),
-    params=evaluate.params(config.sampling),
-    role_params=methods.role_params(config),
-    config=learn_config(config, distill),
-    template=methods.template(config),
+    schedule=config.schedule.schedule(),
+    params=config.sampling.params(),
+    role_params=config.role_sampling.params(),
+    config=config.learn.learn_config(distill),
+    template=config.prompt.solver,
     seed=config.seed,
   )
 
@@ -81,7 +76,7 @@ class LazyEmbedder:
 
 
 def build(
-  config: ml_collections.ConfigDict, workdir: str, embedder: embed.Embedder | None = None
+  config: config_lib.KaceConfig, workdir: str, embedder: embed.Embedder | None = None
 ) -> dict[str, str]:
   """Learns every artefact `config.methods` needs into `workdir/<artefact>/`; returns their paths.
 
@@ -94,7 +89,8 @@ def build(
   out = {}
   with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
     problems = training_problems(config, grader)
-    domains = evaluate.load_domains(problems, config, lambda: methods.role(config, "classifier"), workdir).of
+    classifier = lambda: methods.role(config.roles.get("classifier"))
+    domains = evaluate.domains_of_run(config, problems, classifier, workdir).of
     _log.info("training on %d problems; artefacts %s", len(problems), needed)
     for artifact in needed:
       target = os.path.join(workdir, artifact)
@@ -122,33 +118,24 @@ def build(
   return out
 
 
-def benchmark_config(config: ml_collections.ConfigDict, bench: str) -> ml_collections.ConfigDict:
-  """`config` with `config.benchmarks[bench]` applied to `config.data` and `config.table.methods`
-  as the methods."""
-  if bench not in config.benchmarks:
-    raise ValueError(f"benchmark {bench!r} is not in config.benchmarks ({', '.join(config.benchmarks)})")
-  c = ml_collections.ConfigDict(config.to_dict())
-  c.data.update(config.benchmarks[bench].to_dict())
-  c.methods = tuple(config.table.methods)
-  return c
-
-
-def table(config: ml_collections.ConfigDict, workdir: str, embedder: embed.Embedder | None = None) -> dict:
+def table(config: config_lib.KaceConfig, workdir: str, embedder: embed.Embedder | None = None) -> dict:
   """Every method of `config.table.methods` on every benchmark of `config.table.benchmarks`: builds
   into `workdir/<bench>/build`, evaluates into `workdir/<bench>/eval`, then writes `table.md` and
   `table.png`. Returns {bench: {method: metrics}}."""
   results = {}
   for bench in config.table.benchmarks:
-    c = benchmark_config(config, bench)
+    c = config.benchmark(bench)
     built = build(c, os.path.join(workdir, bench, "build"), embedder)
-    c.learn.dir = os.path.join(workdir, bench, "build")
-    if "kace" in built:
-      c.kace.tree = built["kace"]
+    c = dataclasses.replace(
+      c,
+      learn=dataclasses.replace(c.learn, dir=os.path.join(workdir, bench, "build")),
+      kace=dataclasses.replace(c.kace, tree=built["kace"]) if "kace" in built else c.kace,
+    )
     eval_dir = rundir.prepare_workdir(os.path.join(workdir, bench, "eval"), c)
     results[bench] = evaluate.run(c, eval_dir)
   rundir.write_json(os.path.join(workdir, "table.json"), results)
-  rundir.atomic_write_text(os.path.join(workdir, "table.md"), table_markdown(results, config))
-  plot_table(results, os.path.join(workdir, "table.png"))
+  rundir.atomic_write_text(os.path.join(workdir, "table.md"), table_markdown(results, config.table.methods))
+  evaluate.plot_accuracy_vs_calls(results, os.path.join(workdir, "table.png"))
   return results
 
 
@@ -159,9 +146,9 @@ def _cell(m: Mapping[str, Any] | None) -> str:
   return f"{100 * m['accuracy']:.1f} ± {half:.1f} ({m['mean_calls']:.2f} calls)"
 
 
-def table_markdown(results: Mapping[str, Mapping[str, Mapping]], config: ml_collections.ConfigDict) -> str:
-  """Methods × benchmarks: accuracy % ± half the 95% bootstrap CI, mean solver calls, and the
-  paper's reported accuracy beside ours where it reports one."""
+def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: Sequence[str]) -> str:
+  """Methods (rows, `method_names`) × benchmarks: accuracy % ± half the 95% bootstrap CI, mean
+  solver calls, and the paper's reported accuracy beside ours where it reports one."""
   benches = list(results)
   head = "| method | " + " | ".join(f"{b} (ours) | {b} (paper)" for b in benches) + " |"
   lines = [
@@ -176,26 +163,7 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], config: ml_coll
     head,
     "|---|" + "---|---|" * len(benches),
   ]
-  for method in config.table.methods:
+  for method in method_names:
     cells = [f"{_cell(results[b].get(method))} | {PAPER.get(b, {}).get(method, '–')}" for b in benches]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
-
-
-def plot_table(results: Mapping[str, Mapping[str, Mapping]], path: str) -> None:
-  """Accuracy vs mean calls, one panel per benchmark, one point (with its CI) per method."""
-  fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.5), squeeze=False)
-  for ax, (bench, by_method) in zip(axes[0], results.items(), strict=True):
-    for name, m in by_method.items():
-      if m["problems"] and not math.isnan(m["accuracy"]):
-        err = [[m["accuracy"] - m["ci_low"]], [m["ci_high"] - m["accuracy"]]]
-        ax.errorbar([m["mean_calls"]], [m["accuracy"]], yerr=err, fmt="o", capsize=3, label=name)
-    ax.set_title(bench)
-    ax.set_xlabel("mean solver calls per problem")
-    ax.set_ylabel("accuracy (95% bootstrap CI)")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)

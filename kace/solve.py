@@ -28,7 +28,7 @@ from lm import text as text_lib
 STAGE_ORDER = (tiers.ES, tiers.MS, tiers.HS, tiers.POOL)  # easiest exit first
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SampleRecord:
   """One sampled completion: its text, extracted answer, grade against the gold, and cost."""
 
@@ -39,7 +39,7 @@ class SampleRecord:
   finish_reason: str
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StageRecord:
   """What one stage drew for a problem, and the cards that were in its prompt (ids, in order)."""
 
@@ -50,7 +50,7 @@ class StageRecord:
   samples: tuple[SampleRecord, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Solution:
   """A solved problem: the decision, its cost, and every stage with its samples and cards.
 
@@ -178,11 +178,24 @@ def _draw(request, group, domains, generator, params, context, template, seed, r
     samples = tuple(tiers.Sample(a, g.completion_tokens) for a, g in zip(extracted, generations, strict=True))
     rounds[p.id] += (tiers.Round(request.stage, samples),)
     records = tuple(
-      SampleRecord(g.text, a, False, g.completion_tokens, g.finish_reason)
+      SampleRecord(
+        text=g.text,
+        answer=a,
+        correct=False,  # graded with the final answers in `_finish`
+        completion_tokens=g.completion_tokens,
+        finish_reason=g.finish_reason,
+      )
       for a, g in zip(extracted, generations, strict=True)
     )
     prompt_tokens = generations[0].prompt_tokens if generations else 0
-    stages[p.id].append(StageRecord(request.stage, request.cards_tier, view.card_ids, prompt_tokens, records))
+    stage = StageRecord(
+      stage=request.stage,
+      cards_tier=request.cards_tier,
+      cards=view.card_ids,
+      prompt_tokens=prompt_tokens,
+      samples=records,
+    )
+    stages[p.id].append(stage)
 
 
 def _finish(problems, domains, decisions, stages, grader: answers.Grader) -> list[Solution]:
@@ -203,19 +216,19 @@ def _finish(problems, domains, decisions, stages, grader: answers.Grader) -> lis
     prompt_tokens = sum(st.prompt_tokens * len(st.samples) for st in graded)
     solutions.append(
       Solution(
-        p.id,
-        domains[p.id],
-        p.answer,
-        d.answer,
-        correct,
-        d.exit_tier,
-        d.votes,
-        d.calls,
-        d.samples,
-        d.rounds,
-        d.tokens,
-        prompt_tokens,
-        graded,
+        id=p.id,
+        domain=domains[p.id],
+        gold=p.answer,
+        answer=d.answer,
+        correct=correct,
+        exit_tier=d.exit_tier,
+        votes=d.votes,
+        calls=d.calls,
+        num_samples=d.samples,
+        rounds=d.rounds,
+        completion_tokens=d.tokens,
+        prompt_tokens=prompt_tokens,
+        stages=graded,
       )
     )
   return solutions

@@ -134,7 +134,13 @@ def generate(per_cell: int, seed: int, levels: Sequence[int] = LEVELS) -> list[d
     for n, (question, answer) in enumerate(seen.items()):
       problems.append(
         data.Problem(
-          f"synthetic/{domain}/L{level}/{n}", question, str(answer), "synthetic", subject, domain, level
+          id=f"synthetic/{domain}/L{level}/{n}",
+          question=question,
+          answer=str(answer),
+          source="synthetic",
+          subject=subject,
+          domain=domain,
+          level=level,
         )
       )
   return problems
@@ -156,8 +162,8 @@ def split(problems: Sequence[data.Problem], test_per_cell: int, seed: int) -> tu
 # ---- the demonstration tree ------------------------------------------------------------------------
 
 # Hand-written cards, one per (tier, domain) block that reads cards, plus one universal card. They
-# demonstrate the `kace` method's plumbing at CPU scale; they are not learned (issue 6's ADD and
-# REFINE learn trees) and the tiny model cannot use their content.
+# demonstrate the `kace` method's plumbing at CPU scale; they are not learned (`kace.learn`'s ADD
+# and REFINE learn trees) and the tiny model cannot use their content.
 DEMO_CARDS = (
   ("MS", "algebra", "decomposition", "Add ones, then tens."),
   ("HS", "algebra", "verification_rule", "Check the last digit."),

@@ -181,7 +181,7 @@ class Request:
   cards_tier: str | None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Decision:
   """A problem's outcome: exit tier (a tier name or POOL), answer (None: no answer) and cost."""
 
@@ -200,7 +200,15 @@ def _decide(
   samples = sum(len(r.samples) for r in rounds)
   calls = samples if schedule.calls == "samples" else len(rounds)
   tokens = sum(s.tokens for r in rounds for s in r.samples)
-  return Decision(exit_tier, answer, votes, calls, samples, len(rounds), tokens)
+  return Decision(
+    exit_tier=exit_tier,
+    answer=answer,
+    votes=votes,
+    calls=calls,
+    samples=samples,
+    rounds=len(rounds),
+    tokens=tokens,
+  )
 
 
 def _answers(rounds: Sequence[Round]) -> list[str | None]:

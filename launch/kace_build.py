@@ -9,6 +9,7 @@ python -m launch.kace_eval --workdir=/tmp/kace_eval --config.learn.dir=/tmp/kace
 from absl import app, flags
 from ml_collections import config_flags
 
+from kace import config as kace_config
 from kace import pipeline
 from lm import rundir, sharding
 
@@ -18,8 +19,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Build directory (created; resum
 
 def main(_):
   sharding.initialize_distributed()
-  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
-  pipeline.build(_CONFIG.value, workdir)
+  config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
+  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
+  pipeline.build(config, workdir)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ python -m launch.kace_eval --config=configs/kace.py:openai --workdir=... --confi
 from absl import app, flags
 from ml_collections import config_flags
 
+from kace import config as kace_config
 from kace import evaluate
 from lm import rundir, sharding
 
@@ -16,8 +17,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed
 
 def main(_):
   sharding.initialize_distributed()
-  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
-  evaluate.run(_CONFIG.value, workdir)
+  config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
+  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
+  evaluate.run(config, workdir)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ python -m launch.kace_table --workdir=/tmp/kace_table                    # CPU s
 from absl import app, flags
 from ml_collections import config_flags
 
+from kace import config as kace_config
 from kace import pipeline
 from lm import rundir, sharding
 
@@ -17,8 +18,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed
 
 def main(_):
   sharding.initialize_distributed()
-  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
-  pipeline.table(_CONFIG.value, workdir)
+  config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
+  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
+  pipeline.table(config, workdir)
   print(open(f"{workdir}/table.md").read())
 
 

@@ -454,10 +454,11 @@ def _key(request: dict[str, Any]) -> str:
 # ---- config ------------------------------------------------------------------------------------
 
 
-def default_config(**overrides: Any) -> ml_collections.ConfigDict:
-  """The sub-config of one LLM role (solver, teacher, ...), read by `make_generator`.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GeneratorConfig:
+  """One LLM role (solver, teacher, ...), read by `make_generator`; built once from a config section.
 
-  Fields:
+  Attributes:
     kind: "jax" (a local model) or "openai" (an OpenAI-compatible server).
     checkpoint: jax: an HF checkpoint directory (`lm.load_hf`).
     preset: jax, without a checkpoint: a `ModelConfig` preset with random weights (smoke runs);
@@ -466,41 +467,90 @@ def default_config(**overrides: Any) -> ml_collections.ConfigDict:
     dtype: jax: parameter dtype.
     seed: jax: random-weight seed for `preset`.
     mesh: jax: (data, fsdp, tp) sizes; all 1 runs on one device, -1 takes the remaining devices.
-    sampler: jax: `SamplerConfig` fields.
+    sampler: jax: `SamplerConfig` fields (only those set; the others keep `SamplerConfig`'s
+      defaults, so the resolved config lists what was chosen).
     base_url, model, api_key_env, max_concurrency, max_retries, timeout: openai (`OpenAIGenerator`).
     cache_dir: when set, responses are cached there (`CachedGenerator`).
     model_id: the cache's model identity (default: the checkpoint, the preset and seed, or the
-      model name).
-      Set it when different weights live under one path (e.g. successive training checkpoints).
+      model name). Set it when different weights live under one path (e.g. successive training
+      checkpoints).
   """
-  c = ml_collections.ConfigDict()
-  c.kind = "jax"
-  c.checkpoint = ""
-  c.preset = ""
-  c.tokenizer = ""
-  c.dtype = "bfloat16"
-  c.seed = 0
-  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tp=1))
-  c.sampler = ml_collections.ConfigDict(dict(min_prompt_bucket=16, step_bucket=64, max_rows=256))
-  c.base_url = "http://127.0.0.1:8000/v1"
-  c.model = ""
-  c.api_key_env = "OPENAI_API_KEY"
-  c.max_concurrency = 8
-  c.max_retries = 5
-  c.timeout = 600.0
-  c.cache_dir = ""
-  c.model_id = ""
+
+  kind: str = "jax"
+  checkpoint: str = ""
+  preset: str = ""
+  tokenizer: str = ""
+  dtype: str = "bfloat16"
+  seed: int = 0
+  mesh: sharding.MeshConfig = dataclasses.field(default_factory=lambda: sharding.MeshConfig(1, 1, 1))
+  sampler: Mapping[str, Any] = dataclasses.field(
+    default_factory=lambda: dict(min_prompt_bucket=16, step_bucket=64, max_rows=256)
+  )
+  base_url: str = "http://127.0.0.1:8000/v1"
+  model: str = ""
+  api_key_env: str = "OPENAI_API_KEY"
+  max_concurrency: int = 8
+  max_retries: int = 5
+  timeout: float = 600.0
+  cache_dir: str = ""
+  model_id: str = ""
+
+  def __post_init__(self):
+    if self.kind not in ("jax", "openai"):
+      raise ValueError(f"generator config: kind must be 'jax' or 'openai', got {self.kind!r}")
+    object.__setattr__(self, "sampler", dict(self.sampler))
+    unknown = sorted(set(self.sampler) - {f.name for f in dataclasses.fields(SamplerConfig)})
+    if unknown:
+      raise ValueError(f"generator config: unknown sampler key(s) {unknown} (SamplerConfig fields)")
+    if self.max_concurrency < 1:
+      raise ValueError(f"generator config: max_concurrency must be >= 1, got {self.max_concurrency}")
+    if self.max_retries < 0:
+      raise ValueError(f"generator config: max_retries must be >= 0, got {self.max_retries}")
+
+  @classmethod
+  def from_dict(cls, config: Mapping[str, Any]) -> GeneratorConfig:
+    """From a config section (a dict or a ConfigDict); an unknown key fails with its name."""
+    if isinstance(config, GeneratorConfig):
+      return config
+    fields = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"generator config: unknown key(s) {unknown}")
+    if "mesh" in fields:
+      mesh = dict(fields["mesh"])
+      extra = sorted(set(mesh) - {"data", "fsdp", "tp"})
+      if extra:
+        raise ValueError(f"generator config: unknown mesh key(s) {extra} (data, fsdp, tp)")
+      fields["mesh"] = sharding.MeshConfig(**mesh)
+    return cls(**fields)
+
+  def sampler_config(self) -> SamplerConfig:
+    return SamplerConfig(**self.sampler)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The config section this was built from (what a run directory's config.json records)."""
+    return dataclasses.asdict(self)
+
+
+def default_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """A `GeneratorConfig` as a ConfigDict section (for code that edits a role before typing it)."""
+  c = ml_collections.ConfigDict(GeneratorConfig().to_dict())
   c.update(overrides)
   return c
 
 
-def make_generator(config: ml_collections.ConfigDict) -> TextGenerator:
-  """The generator a role's config describes (see `default_config`), cached when `cache_dir` is set."""
+def make_generator(config: GeneratorConfig | Mapping[str, Any]) -> TextGenerator:
+  """The generator a role's config describes, cached when `cache_dir` is set.
+
+  A mapping (a ConfigDict section) is typed here with `GeneratorConfig.from_dict`, for callers
+  that hold an untyped section.
+  """
+  config = GeneratorConfig.from_dict(config)
   if config.kind == "jax":
     generator = load_jax_generator(config)
     random_id = f"random:{config.preset}:seed={config.seed}"
     model_id = config.model_id or config.checkpoint or random_id
-  elif config.kind == "openai":
+  else:
     if not config.model:
       raise ValueError("generator config: kind='openai' needs `model` (the served model's name)")
     generator = OpenAIGenerator(
@@ -512,19 +562,18 @@ def make_generator(config: ml_collections.ConfigDict) -> TextGenerator:
       timeout=config.timeout,
     )
     model_id = config.model_id or config.model
-  else:
-    raise ValueError(f"generator config: kind must be 'jax' or 'openai', got {config.kind!r}")
   if config.cache_dir:
     return CachedGenerator(generator, config.cache_dir, model_id)
   return generator
 
 
-def load_jax_generator(config: ml_collections.ConfigDict) -> JaxGenerator:
-  """A `JaxGenerator` from a `default_config()`-style config (checkpoint or random preset)."""
+def load_jax_generator(config: GeneratorConfig | Mapping[str, Any]) -> JaxGenerator:
+  """A `JaxGenerator` from a `GeneratorConfig` (checkpoint or random preset); a mapping is typed first."""
+  config = GeneratorConfig.from_dict(config)
   if not (config.tokenizer or config.checkpoint):
     raise ValueError("generator config: kind='jax' needs `tokenizer` or `checkpoint`")
   tokenizer = load_tokenizer(config.tokenizer or config.checkpoint)
-  mesh_config = sharding.MeshConfig(config.mesh.data, config.mesh.fsdp, config.mesh.tp)
+  mesh_config = config.mesh
   mesh = (
     None
     if (mesh_config.data, mesh_config.fsdp, mesh_config.tp) == (1, 1, 1)
@@ -539,7 +588,7 @@ def load_jax_generator(config: ml_collections.ConfigDict) -> JaxGenerator:
     model = random_model(model_config, seed=config.seed, dtype=config.dtype, mesh=mesh)
   else:
     raise ValueError("generator config: kind='jax' needs `checkpoint` (or `preset` for random weights)")
-  return JaxGenerator(model, tokenizer, sampler_config=SamplerConfig(**config.sampler), mesh=mesh)
+  return JaxGenerator(model, tokenizer, sampler_config=config.sampler_config(), mesh=mesh)
 
 
 def random_model(model_config: ModelConfig, *, seed: int = 0, dtype: str = "float32", mesh=None) -> Qwen:

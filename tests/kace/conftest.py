@@ -35,5 +35,5 @@ def tiny_generator(tiny_checkpoint):
 
   sampler = dict(min_prompt_bucket=256, min_rows=8, step_bucket=8, max_rows=512)
   return generators.make_generator(
-    generators.default_config(checkpoint=tiny_checkpoint, dtype="float32", sampler=sampler)
+    generators.GeneratorConfig(checkpoint=tiny_checkpoint, dtype="float32", sampler=sampler)
   )

@@ -44,7 +44,7 @@ def test_olymmath_loads_both_english_splits(olymmath):
 def test_verifiable_subset(olymmath, grader):
   sample = olymmath[:8] + olymmath[100:108]
   unverifiable = [
-    Problem(f"bad-{i}", "q", answer, "made-up")
+    Problem(id=f"bad-{i}", question="q", answer=answer, source="made-up")
     for i, answer in enumerate([r"\text{no solution}", r"x=3 \text{ or } x=5", "x^2+1", r"5\text{ cm}", ""])
   ]
   assert data.verifiable(sample + unverifiable, grader) == sample
@@ -61,7 +61,7 @@ def test_aime_opencompass_layout(tmp_path):
     "aime2025/aime2025-II:1",
     "aime2025/aime2025-II:2",
   ]
-  assert problems[2] == Problem("aime2025/aime2025-II:1", "Q1", "1", "AIME2025")
+  assert problems[2] == Problem(id="aime2025/aime2025-II:1", question="Q1", answer="1", source="AIME2025")
 
 
 def test_aime_matharena_layout(tmp_path):
@@ -71,8 +71,8 @@ def test_aime_matharena_layout(tmp_path):
   ]
   problems = data.load_aime2025(write_jsonl(tmp_path / "test.jsonl", rows))
   assert problems == [
-    Problem("aime2025-1", "Find it.", "70", "AIME2025"),
-    Problem("aime2025-2", "P2", "588", "AIME2025"),
+    Problem(id="aime2025-1", question="Find it.", answer="70", source="AIME2025"),
+    Problem(id="aime2025-2", question="P2", answer="588", source="AIME2025"),
   ]
 
 
@@ -180,7 +180,7 @@ def test_domain_table_targets_the_tree_domains():
 
 
 def test_train_test_split_is_deterministic_disjoint_and_order_free():
-  problems = [Problem(f"p{i:02d}", "q", "1", "s") for i in range(20)]
+  problems = [Problem(id=f"p{i:02d}", question="q", answer="1", source="s") for i in range(20)]
   train, test = data.train_test_split(problems, 0.25, seed=3)
   assert len(test) == 5 and len(train) == 15 and not {p.id for p in train} & {p.id for p in test}
   assert data.train_test_split(problems[::-1], 0.25, seed=3) == (train, test)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import configs.kace
+from kace import config as kace_config
 from kace import evaluate, methods, synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,13 +58,14 @@ def test_method_metrics_on_hand_built_records():
   assert m["exit_tiers"] == {"ES": 1, "MS": 1, "HS": 1, "POOL": 1}
   assert m["order_pairs"] == {"concordant": 5, "compared": 6, "tied": 0}
   assert m["order_preservation"] == pytest.approx(5 / 6)
-  config = configs.kace.get_config()
-  table = evaluate.results_table({"tiered": m}, config, 4)
+  table = evaluate.results_table(
+    {"tiered": m}, benchmark="synthetic", problems=4, solve_rate_k=10, bootstrap=2000
+  )
   assert "| tiered | 50.0% |" in table and "83.3% (6 pairs)" in table
 
 
 def test_registry_names_unknown_methods_and_refuses_duplicates():
-  config = configs.kace.get_config()
+  config = kace_config.KaceConfig.from_dict(configs.kace.get_config()).method_options()
   assert methods.build("best_of_n", config).schedule.pool_size == 5
   assert methods.build("tiered", config).schedule.tiers[0].name == "ES"
   with pytest.raises(ValueError, match="registered: best_of_n"):
@@ -90,6 +92,8 @@ def _lines(path):
   return open(path).read().splitlines() if os.path.exists(path) else []
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_a_killed_run_resumes_without_solving_anything_twice(tmp_path, tiny_checkpoint):
   tree = str(tmp_path / "tree.json")
   synthetic.demo_tree().save(tree)

@@ -247,6 +247,7 @@ def test_ask_retries_malformed_replies_with_fresh_seeds_then_gives_up():
   assert asked[1].value is None and len(asked[1].replies) == 3 and len(asked[1].errors) == 3
 
 
+@pytest.mark.slow  # parity against transformers
 def test_minilm_code_matches_transformers_bert_on_a_tiny_random_model(bert):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import configs.kace
 from kace import baselines, cards, embed, learn, methods, pipeline, synthetic, tiers
+from kace import config as kace_config
 from lm import generators, rundir
 from tests.kace import learn_helpers
 
@@ -47,9 +48,11 @@ def _tiny_config(checkpoint, bert_dir):
   c.gepa.max_metric_calls = 4
   c.retrieval.model_dir = bert_dir
   c.table.methods = ALL
-  return c
+  return kace_config.KaceConfig.from_dict(c)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_every_method_runs_end_to_end_into_the_table(tmp_path, tiny_checkpoint, bert_dir):
   assert set(ALL) == set(methods.METHODS)
   config = _tiny_config(tiny_checkpoint, bert_dir)
@@ -79,10 +82,8 @@ def test_every_method_runs_end_to_end_into_the_table(tmp_path, tiny_checkpoint, 
 
 
 def test_table_markdown_puts_the_papers_numbers_beside_ours():
-  config = configs.kace.get_config()
-  config.table.methods = ("kace", "gepa")
   m = {"problems": 30, "accuracy": 0.6, "ci_low": 0.4, "ci_high": 0.8, "mean_calls": 5.0}
-  text = pipeline.table_markdown({"aime2025": {"kace": m}}, config)
+  text = pipeline.table_markdown({"aime2025": {"kace": m}}, ("kace", "gepa"))
   assert "| kace | 60.0 ± 20.0 (5.00 calls) | 62.2 |" in text
   assert "| gepa | – | – |" in text
 
@@ -96,7 +97,15 @@ def _playbook(*texts):
 
 def _learner(grader, solver, teacher, curator):
   return learn.Learner(
-    solver, teacher, curator, grader, None, tiers.Schedule(), PARAMS, PARAMS, learn.LearnConfig(max_cards=2)
+    solver=solver,
+    teacher=teacher,
+    curator=curator,
+    grader=grader,
+    embedder=None,
+    schedule=tiers.Schedule(),
+    params=PARAMS,
+    role_params=PARAMS,
+    config=learn.LearnConfig(max_cards=2),
   )
 
 
@@ -148,7 +157,7 @@ def test_router_picks_known_cards_once_per_problem_and_survives_bad_replies(prob
   tree = _playbook("Alpha.", "Beta.", "Gamma.")
   replies = iter(['{"ids": ["card-0003", "nope", "card-0001", "card-0002"]}', "no json at all", "[1, 2]"])
   router = learn_helpers.Scripted(lambda t, a: next(replies))
-  context = baselines.RouterContext(tree, router, k=2, params=PARAMS, retries=1)
+  context = baselines.RouterContext(tree=tree, router=router, k=2, params=PARAMS, retries=1)
   views = context.project(problems[:2], ["algebra"] * 2, "MS")
   assert views[0].card_ids == ("card-0003", "card-0001") and views[1].card_ids == ()
   assert len(router.prompts) == 3  # one ask each, one retry for the bad reply
@@ -194,7 +203,7 @@ def test_malformed_router_reflector_and_ace_curator_replies_raise_only_reply_err
 def test_learned_methods_name_the_missing_build():
   config = configs.kace.get_config()
   with pytest.raises(ValueError, match="config.learn.dir"):
-    methods.build("no_domain", config)
+    methods.build("no_domain", kace_config.KaceConfig.from_dict(config).method_options())
   config.learn.dir = "/nonexistent"
   with pytest.raises(FileNotFoundError, match="launch.kace_build"):
-    methods.build("tiered_gepa", config)
+    methods.build("tiered_gepa", kace_config.KaceConfig.from_dict(config).method_options())

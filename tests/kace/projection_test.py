@@ -8,7 +8,14 @@ from tests.kace.generator_helpers import CountingGenerator
 
 
 def _problem(pid, subject=None):
-  return data.Problem(pid, f"question {pid}", "1", "test", subject, data.domain_of(subject))
+  return data.Problem(
+    id=pid,
+    question=f"question {pid}",
+    answer="1",
+    source="test",
+    subject=subject,
+    domain=data.domain_of(subject),
+  )
 
 
 @pytest.mark.parametrize(

