@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from lm import sharding as sharding_lib
 from lm.model import Qwen, default_positions
@@ -285,6 +285,23 @@ def _cut_stop_strings(tokenizer, tokens, logprobs, stop_strings):
   return tokens[:keep], logprobs[:keep], text[:cut], True
 
 
+@struct.dataclass
+class _SamplingState:
+  """The decode loop's carry, named (as tunix's and flax `examples/gemma`'s `_SamplingState`).
+
+  B is decode rows (prompts × n), W the stop-sequence window, V the vocabulary.
+  """
+
+  step: Array  # [] int32: decode steps taken
+  logits: Array  # [B, V] float32: logits of the next token
+  cache: Any  # the model's KV cache (`Qwen.init_cache`), filled up to the prompt plus `step`
+  done: Array  # [B] bool: the row has ended (EOS, a stop sequence or its max_new)
+  tokens: Array  # [B, steps] int32: generated ids, -1 at EOS and after a row ends
+  logprobs: Array  # [B, steps] float32: the model's log-prob of each token, 0 after a row ends
+  recent: Array  # [B, W] int32: the last W tokens, for stop sequences (-2 before any)
+  stopped: Array  # [B] bool: the row ended on EOS or a stop sequence (not on length)
+
+
 @functools.lru_cache(maxsize=64)
 def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
   """The jitted prefill + decode loop for one (graph, n, step bucket) — shapes set the rest."""
@@ -321,48 +338,49 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
     batch = rows * n
     window = stop.shape[1]
 
-    def step_fn(carry):
-      step, logits, cache, done, out, out_lp, recent, stopped = carry
+    def step_fn(state: _SamplingState) -> _SamplingState:
+      step, live = state.step, ~state.done
       keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-      token = sample_token(logits, keys, temperature, top_p, top_k)  # [B]
-      logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=1)[:, 0]
+      token = sample_token(state.logits, keys, temperature, top_p, top_k)  # [B]
+      logprob = jnp.take_along_axis(jax.nn.log_softmax(state.logits), token[:, None], axis=1)[:, 0]
       is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
-      recent = jnp.concatenate([recent[:, 1:], token[:, None]], axis=1)  # [B, W]
+      recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
       hit_stop = jnp.any(
         jnp.all((recent[:, None, :] == stop[None]) | (stop[None] < 0), axis=2)
         & jnp.any(stop >= 0, axis=1)[None],
         axis=1,
       )
-      live = ~done
-      out = out.at[:, step].set(jnp.where(live & ~is_eos, token, -1))
-      out_lp = out_lp.at[:, step].set(jnp.where(live, logprob, 0.0))
-      stopped = stopped | (live & (is_eos | hit_stop))
-      done = done | is_eos | hit_stop | (step + 1 >= max_new)
       hidden, cache = model.hidden_states(
         token[:, None],
         positions=(next_pos + step)[:, None],
         attention_mask=key_mask,
-        cache=cache,
+        cache=state.cache,
         cache_index=prompt_len + step,
         layer_weights=layer_weights,
       )
-      return step + 1, head(hidden[:, 0]), cache, done, out, out_lp, recent, stopped
+      return _SamplingState(
+        step=step + 1,
+        logits=head(hidden[:, 0]),
+        cache=cache,
+        done=state.done | is_eos | hit_stop | (step + 1 >= max_new),
+        tokens=state.tokens.at[:, step].set(jnp.where(live & ~is_eos, token, -1)),
+        logprobs=state.logprobs.at[:, step].set(jnp.where(live, logprob, 0.0)),
+        recent=recent,
+        stopped=state.stopped | (live & (is_eos | hit_stop)),
+      )
 
-    def cond_fn(carry):
-      step, _, _, done, *_ = carry
-      return ~jnp.all(done)
-
-    carry = (
-      jnp.int32(0),
-      last_logits,
-      cache,
-      jnp.zeros((batch,), bool),
-      jnp.full((batch, steps), -1, jnp.int32),
-      jnp.zeros((batch, steps), jnp.float32),
-      jnp.full((batch, window), -2, jnp.int32),
-      jnp.zeros((batch,), bool),
+    initial = _SamplingState(
+      step=jnp.int32(0),
+      logits=last_logits,
+      cache=cache,
+      done=jnp.zeros((batch,), bool),
+      tokens=jnp.full((batch, steps), -1, jnp.int32),
+      logprobs=jnp.zeros((batch, steps), jnp.float32),
+      recent=jnp.full((batch, window), -2, jnp.int32),
+      stopped=jnp.zeros((batch,), bool),
     )
-    _, _, _, _, out, out_lp, _, stopped = jax.lax.while_loop(cond_fn, step_fn, carry)
+    final = jax.lax.while_loop(lambda state: ~jnp.all(state.done), step_fn, initial)
+    out, out_lp, stopped = final.tokens, final.logprobs, final.stopped
     # A row's tokens end at EOS (excluded); a stop sequence's tokens are cut on the host side.
     valid = out >= 0
     length = jnp.where(jnp.all(valid, axis=1), steps, jnp.argmin(valid, axis=1))
