@@ -168,6 +168,7 @@ def _fill_cache(cache_dir, barrier):
   CachedGenerator(_EchoGenerator(), cache_dir, "echo").generate(_SHARED_PROMPTS, n=N, params=PARAMS)
 
 
+@pytest.mark.integration
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_two_processes_sharing_a_cache_do_not_corrupt_it(tmp_path):
   # Forked, not spawned: a spawned child would spend longer importing JAX than the test takes,
@@ -253,6 +254,7 @@ def _client(base_url, **kwargs):
   return OpenAIGenerator(base_url, "m", **dict(dict(max_retries=5, timeout=0.3), **kwargs))
 
 
+@pytest.mark.integration
 def test_openai_generator_retries_timeouts_429_and_5xx_with_backoff():
   # The 500 comes first: it has no Retry-After, so the client's own backoff (0.5 s before the
   # first retry, less up to 25% jitter) applies while it is still short.
@@ -266,6 +268,7 @@ def test_openai_generator_retries_timeouts_429_and_5xx_with_backoff():
   assert elapsed >= 0.5 * 0.75 + 0.3 + 0.5 + 0.5
 
 
+@pytest.mark.integration
 def test_openai_generator_does_not_retry_other_4xx():
   with _FlakyServer([400, 400]) as server:
     with pytest.raises(openai.BadRequestError, match="scripted 400"):
@@ -273,6 +276,7 @@ def test_openai_generator_does_not_retry_other_4xx():
   assert server.hits == [400]
 
 
+@pytest.mark.integration
 def test_openai_generator_gives_up_after_max_retries():
   with _FlakyServer([503] * 5) as server:
     with pytest.raises(openai.InternalServerError):
@@ -283,6 +287,7 @@ def test_openai_generator_gives_up_after_max_retries():
 # ---- make_generator ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_make_generator_loads_a_checkpoint_that_generates_like_the_original(generator, tmp_path):
   lm.save_hf(generator.sampler.model, tmp_path / "ckpt")
   config = tiny_config(tmp_path / "tokenizer")
