@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -37,12 +37,11 @@ from lm import rundir, sharding
 from lm.config import ModelConfig
 from lm.hf import load_hf
 from lm.model import Qwen
-from lm.sampler import Sampler, SamplerConfig
+from lm.sampler import Sampler, SamplerConfig, per_prompt
 from lm.tokenizer import Tokenizer, load_tokenizer
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
 Prompt = str | Sequence[Message]  # raw text (a completion) or a conversation (a chat)
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,15 +125,6 @@ class TextGenerator(Protocol):
       params: sampling parameters, for all prompts or one per prompt.
     """
     ...
-
-
-def per_prompt(value: T | Sequence[T], num: int, name: str) -> list[T]:
-  """`value` repeated for `num` prompts, or the per-prompt list itself after a length check."""
-  if isinstance(value, (list, tuple)):
-    if len(value) != num:
-      raise ValueError(f"{name} has {len(value)} values for {num} prompts")
-    return list(value)
-  return [value] * num
 
 
 # ---- local JAX model ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,7 @@ from lm.model import Qwen, default_positions
 from lm.shapes import pow2_bucket, round_up
 
 Array = jax.Array
+T = TypeVar("T")
 
 
 class Detokenizer(Protocol):
@@ -145,15 +146,15 @@ class Sampler:
     if any(len(p) == 0 for p in prompts):
       raise ValueError("every prompt needs at least one token")
     num = len(prompts)
-    per_prompt = {
-      "max_new_tokens": _per_prompt(max_new_tokens, num, "max_new_tokens", int),
-      "temperature": _per_prompt(temperature, num, "temperature", float),
-      "top_p": _per_prompt(top_p, num, "top_p", float),
-      "top_k": _per_prompt(top_k, num, "top_k", int),
-      "seed": _per_prompt(seed, num, "seed", int),
+    settings = {
+      "max_new_tokens": [int(v) for v in per_prompt(max_new_tokens, num, "max_new_tokens")],
+      "temperature": [float(v) for v in per_prompt(temperature, num, "temperature")],
+      "top_p": [float(v) for v in per_prompt(top_p, num, "top_p")],
+      "top_k": [int(v) for v in per_prompt(top_k, num, "top_k")],
+      "seed": [int(v) for v in per_prompt(seed, num, "seed")],
     }
-    if min(per_prompt["max_new_tokens"]) < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {min(per_prompt['max_new_tokens'])}")
+    if min(settings["max_new_tokens"]) < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {min(settings['max_new_tokens'])}")
     stop_strings = [s for s in stop if isinstance(s, str)]
     if stop_strings and self.tokenizer is None:
       raise ValueError("stop strings need a Sampler built with a tokenizer")
@@ -165,7 +166,7 @@ class Sampler:
       idx = slice(start, start + chunk)
       self._generate_chunk(
         prompts[idx],
-        {k: v[idx] for k, v in per_prompt.items()},
+        {k: v[idx] for k, v in settings.items()},
         n,
         tuple(eos_ids),
         stop_ids,
@@ -263,12 +264,16 @@ _CPU_DECODE_OPTIONS = {
 }
 
 
-def _per_prompt(value, num: int, name: str, cast) -> list:
+def per_prompt(value: T | Sequence[T], num: int, name: str) -> list[T]:
+  """`value` repeated for `num` prompts, or the per-prompt list itself after a length check.
+
+  The one rule for "one value for every prompt or one per prompt", here and in `lm.generators`.
+  """
   if isinstance(value, (list, tuple, np.ndarray)):
     if len(value) != num:
       raise ValueError(f"{name} has {len(value)} values for {num} prompts")
-    return [cast(v) for v in value]
-  return [cast(value)] * num
+    return list(value)
+  return [value] * num
 
 
 def _cut_stop_strings(tokenizer, tokens, logprobs, stop_strings):
