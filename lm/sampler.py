@@ -344,7 +344,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
     window = stop.shape[1]
 
     def step_fn(state: _SamplingState) -> _SamplingState:
-      step, live = state.step, ~state.done
+      step = state.step
       keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
       token = sample_token(state.logits, keys, temperature, top_p, top_k)  # [B]
       logprob = jnp.take_along_axis(jax.nn.log_softmax(state.logits), token[:, None], axis=1)[:, 0]
@@ -355,6 +355,11 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
         & jnp.any(stop >= 0, axis=1)[None],
         axis=1,
       )
+      live = ~state.done
+      tokens = state.tokens.at[:, step].set(jnp.where(live & ~is_eos, token, -1))
+      logprobs = state.logprobs.at[:, step].set(jnp.where(live, logprob, 0.0))
+      stopped = state.stopped | (live & (is_eos | hit_stop))
+      done = state.done | is_eos | hit_stop | (step + 1 >= max_new)
       hidden, cache = model.hidden_states(
         token[:, None],
         positions=(next_pos + step)[:, None],
@@ -367,11 +372,11 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
         step=step + 1,
         logits=head(hidden[:, 0]),
         cache=cache,
-        done=state.done | is_eos | hit_stop | (step + 1 >= max_new),
-        tokens=state.tokens.at[:, step].set(jnp.where(live & ~is_eos, token, -1)),
-        logprobs=state.logprobs.at[:, step].set(jnp.where(live, logprob, 0.0)),
+        done=done,
+        tokens=tokens,
+        logprobs=logprobs,
         recent=recent,
-        stopped=state.stopped | (live & (is_eos | hit_stop)),
+        stopped=stopped,
       )
 
     initial = _SamplingState(
