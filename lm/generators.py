@@ -22,11 +22,9 @@ import hashlib
 import json
 import logging
 import os
-import random
 import secrets
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +37,11 @@ from lm import rundir, sharding
 from lm.config import ModelConfig
 from lm.hf import load_hf
 from lm.model import Qwen
-from lm.sampler import Sampler, SamplerConfig
+from lm.sampler import Sampler, SamplerConfig, per_prompt
 from lm.tokenizer import Tokenizer, load_tokenizer
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
 Prompt = str | Sequence[Message]  # raw text (a completion) or a conversation (a chat)
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,15 +125,6 @@ class TextGenerator(Protocol):
       params: sampling parameters, for all prompts or one per prompt.
     """
     ...
-
-
-def per_prompt(value: T | Sequence[T], num: int, name: str) -> list[T]:
-  """`value` repeated for `num` prompts, or the per-prompt list itself after a length check."""
-  if isinstance(value, (list, tuple)):
-    if len(value) != num:
-      raise ValueError(f"{name} has {len(value)} values for {num} prompts")
-    return list(value)
-  return [value] * num
 
 
 # ---- local JAX model ---------------------------------------------------------------------------
@@ -229,11 +217,16 @@ class OpenAIGenerator:
 
   Each prompt is one request carrying its `n` (text → /completions, messages →
   /chat/completions); up to `max_concurrency` requests are in flight at once, so a server that
-  batches (they all do) sees the whole call. Failed requests are retried here rather than by the
-  client so that the policy is explicit: on 408, 429, 5xx, timeouts and connection errors, up to
-  `max_retries` times, sleeping `backoff_s * 2**attempt` (capped at `max_backoff_s`) with "equal
-  jitter" (half fixed, half uniform, so concurrent clients spread out but still back off) or the
-  server's Retry-After if longer. Other 4xx mean a bad request and are raised at once.
+  batches (they all do) sees the whole call.
+
+  Failed requests are retried by the `openai` client itself (`openai/_base_client.py`), configured
+  with `max_retries` and `timeout`: it retries 408, 409, 429, 5xx, timeouts and connection errors,
+  waits the server's Retry-After (or Retry-After-Ms) when that is between 0 and 2 minutes, and
+  otherwise backs off exponentially from 0.5 s, doubling up to 8 s, each wait shortened by a random
+  0-25% so concurrent requests spread out; other 4xx are raised at once. Nothing is added on top.
+  What the client does not offer, and this class does not rebuild: a configurable backoff base and
+  cap (they are module constants), and waiting out a Retry-After longer than 2 minutes (it raises
+  instead). Retries are logged by the `openai` logger at INFO.
 
   Per-sample `completion_tokens` is the number of log-probs when the server returns them; otherwise
   the response's total spread evenly over its n samples (servers report usage per request), so sums
@@ -249,17 +242,12 @@ class OpenAIGenerator:
     max_concurrency: int = 8,
     max_retries: int = 5,
     timeout: float = 600.0,
-    backoff_s: float = 1.0,
-    max_backoff_s: float = 60.0,
   ):
     # Local servers usually need no key; "EMPTY" is vLLM's convention for that case.
     api_key = os.environ.get(api_key_env) or "EMPTY"
-    self.client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    self.client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries, timeout=timeout)
     self.model = model
     self.max_concurrency = max_concurrency
-    self.max_retries = max_retries
-    self.backoff_s = backoff_s
-    self.max_backoff_s = max_backoff_s
 
   def generate(
     self,
@@ -272,15 +260,7 @@ class OpenAIGenerator:
     if not prompts:
       return []
     with concurrent.futures.ThreadPoolExecutor(min(self.max_concurrency, len(prompts))) as pool:
-      return list(pool.map(self._generate_one, prompts, ns, ps))
-
-  def _generate_one(self, prompt: Prompt, n: int, params: GenerationParams) -> list[Generation]:
-    return with_retries(
-      lambda: self._request(prompt, n, params),
-      max_retries=self.max_retries,
-      backoff_s=self.backoff_s,
-      max_backoff_s=self.max_backoff_s,
-    )
+      return list(pool.map(self._request, prompts, ns, ps))
 
   def _request(self, prompt: Prompt, n: int, params: GenerationParams) -> list[Generation]:
     kwargs: dict[str, Any] = dict(
@@ -340,37 +320,6 @@ def _chat_logprobs(choice) -> list[float] | None:
 
 def _spread(total: int, parts: int) -> list[int]:
   return [total // parts + (i < total % parts) for i in range(parts)]
-
-
-def is_retryable(error: Exception) -> bool:
-  """Whether a failed request may succeed if sent again (overload, server fault, network)."""
-  if isinstance(error, openai.APIStatusError):
-    return error.status_code in (408, 429) or error.status_code >= 500
-  return isinstance(error, openai.APIConnectionError)  # includes APITimeoutError
-
-
-def with_retries(call: Callable[[], T], *, max_retries: int, backoff_s: float, max_backoff_s: float) -> T:
-  """`call()`, retried on retryable errors with exponential backoff and equal jitter."""
-  for attempt in range(max_retries + 1):
-    try:
-      return call()
-    except openai.OpenAIError as e:
-      if attempt == max_retries or not is_retryable(e):
-        raise
-      cap = min(max_backoff_s, backoff_s * 2**attempt)
-      delay = max(cap / 2 + random.uniform(0, cap / 2), min(_retry_after(e), max_backoff_s))
-      logging.warning("request failed (%s); retry %d/%d in %.2fs", e, attempt + 1, max_retries, delay)
-      time.sleep(delay)
-  raise AssertionError("unreachable")
-
-
-def _retry_after(error: Exception) -> float:
-  """The server's Retry-After in seconds (0 when absent or not a number of seconds)."""
-  response = getattr(error, "response", None)
-  try:
-    return float(response.headers.get("retry-after", 0)) if response is not None else 0.0
-  except ValueError:
-    return 0.0
 
 
 # ---- response cache ----------------------------------------------------------------------------

@@ -17,18 +17,19 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from lm import sharding as sharding_lib
 from lm.model import Qwen, default_positions
 from lm.shapes import pow2_bucket, round_up
 
 Array = jax.Array
+T = TypeVar("T")
 
 
 class Detokenizer(Protocol):
@@ -145,15 +146,15 @@ class Sampler:
     if any(len(p) == 0 for p in prompts):
       raise ValueError("every prompt needs at least one token")
     num = len(prompts)
-    per_prompt = {
-      "max_new_tokens": _per_prompt(max_new_tokens, num, "max_new_tokens", int),
-      "temperature": _per_prompt(temperature, num, "temperature", float),
-      "top_p": _per_prompt(top_p, num, "top_p", float),
-      "top_k": _per_prompt(top_k, num, "top_k", int),
-      "seed": _per_prompt(seed, num, "seed", int),
+    settings = {
+      "max_new_tokens": [int(v) for v in per_prompt(max_new_tokens, num, "max_new_tokens")],
+      "temperature": [float(v) for v in per_prompt(temperature, num, "temperature")],
+      "top_p": [float(v) for v in per_prompt(top_p, num, "top_p")],
+      "top_k": [int(v) for v in per_prompt(top_k, num, "top_k")],
+      "seed": [int(v) for v in per_prompt(seed, num, "seed")],
     }
-    if min(per_prompt["max_new_tokens"]) < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {min(per_prompt['max_new_tokens'])}")
+    if min(settings["max_new_tokens"]) < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {min(settings['max_new_tokens'])}")
     stop_strings = [s for s in stop if isinstance(s, str)]
     if stop_strings and self.tokenizer is None:
       raise ValueError("stop strings need a Sampler built with a tokenizer")
@@ -165,7 +166,7 @@ class Sampler:
       idx = slice(start, start + chunk)
       self._generate_chunk(
         prompts[idx],
-        {k: v[idx] for k, v in per_prompt.items()},
+        {k: v[idx] for k, v in settings.items()},
         n,
         tuple(eos_ids),
         stop_ids,
@@ -263,12 +264,16 @@ _CPU_DECODE_OPTIONS = {
 }
 
 
-def _per_prompt(value, num: int, name: str, cast) -> list:
+def per_prompt(value: T | Sequence[T], num: int, name: str) -> list[T]:
+  """`value` repeated for `num` prompts, or the per-prompt list itself after a length check.
+
+  The one rule for "one value for every prompt or one per prompt", here and in `lm.generators`.
+  """
   if isinstance(value, (list, tuple, np.ndarray)):
     if len(value) != num:
       raise ValueError(f"{name} has {len(value)} values for {num} prompts")
-    return [cast(v) for v in value]
-  return [cast(value)] * num
+    return list(value)
+  return [value] * num
 
 
 def _cut_stop_strings(tokenizer, tokens, logprobs, stop_strings):
@@ -283,6 +288,23 @@ def _cut_stop_strings(tokenizer, tokens, logprobs, stop_strings):
   while keep < len(tokens) and len(tokenizer.decode(tokens[: keep + 1])) <= cut:
     keep += 1
   return tokens[:keep], logprobs[:keep], text[:cut], True
+
+
+@struct.dataclass
+class _SamplingState:
+  """The decode loop's carry, named (as tunix's and flax `examples/gemma`'s `_SamplingState`).
+
+  B is decode rows (prompts × n), W the stop-sequence window, V the vocabulary.
+  """
+
+  step: Array  # [] int32: decode steps taken
+  logits: Array  # [B, V] float32: logits of the next token
+  cache: Any  # the model's KV cache (`Qwen.init_cache`), filled up to the prompt plus `step`
+  done: Array  # [B] bool: the row has ended (EOS, a stop sequence or its max_new)
+  tokens: Array  # [B, steps] int32: generated ids, -1 at EOS and after a row ends
+  logprobs: Array  # [B, steps] float32: the model's log-prob of each token, 0 after a row ends
+  recent: Array  # [B, W] int32: the last W tokens, for stop sequences (-2 before any)
+  stopped: Array  # [B] bool: the row ended on EOS or a stop sequence (not on length)
 
 
 @functools.lru_cache(maxsize=64)
@@ -321,48 +343,54 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
     batch = rows * n
     window = stop.shape[1]
 
-    def step_fn(carry):
-      step, logits, cache, done, out, out_lp, recent, stopped = carry
+    def step_fn(state: _SamplingState) -> _SamplingState:
+      step = state.step
       keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-      token = sample_token(logits, keys, temperature, top_p, top_k)  # [B]
-      logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=1)[:, 0]
+      token = sample_token(state.logits, keys, temperature, top_p, top_k)  # [B]
+      logprob = jnp.take_along_axis(jax.nn.log_softmax(state.logits), token[:, None], axis=1)[:, 0]
       is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
-      recent = jnp.concatenate([recent[:, 1:], token[:, None]], axis=1)  # [B, W]
+      recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
       hit_stop = jnp.any(
         jnp.all((recent[:, None, :] == stop[None]) | (stop[None] < 0), axis=2)
         & jnp.any(stop >= 0, axis=1)[None],
         axis=1,
       )
-      live = ~done
-      out = out.at[:, step].set(jnp.where(live & ~is_eos, token, -1))
-      out_lp = out_lp.at[:, step].set(jnp.where(live, logprob, 0.0))
-      stopped = stopped | (live & (is_eos | hit_stop))
-      done = done | is_eos | hit_stop | (step + 1 >= max_new)
+      live = ~state.done
+      tokens = state.tokens.at[:, step].set(jnp.where(live & ~is_eos, token, -1))
+      logprobs = state.logprobs.at[:, step].set(jnp.where(live, logprob, 0.0))
+      stopped = state.stopped | (live & (is_eos | hit_stop))
+      done = state.done | is_eos | hit_stop | (step + 1 >= max_new)
       hidden, cache = model.hidden_states(
         token[:, None],
         positions=(next_pos + step)[:, None],
         attention_mask=key_mask,
-        cache=cache,
+        cache=state.cache,
         cache_index=prompt_len + step,
         layer_weights=layer_weights,
       )
-      return step + 1, head(hidden[:, 0]), cache, done, out, out_lp, recent, stopped
+      return _SamplingState(
+        step=step + 1,
+        logits=head(hidden[:, 0]),
+        cache=cache,
+        done=done,
+        tokens=tokens,
+        logprobs=logprobs,
+        recent=recent,
+        stopped=stopped,
+      )
 
-    def cond_fn(carry):
-      step, _, _, done, *_ = carry
-      return ~jnp.all(done)
-
-    carry = (
-      jnp.int32(0),
-      last_logits,
-      cache,
-      jnp.zeros((batch,), bool),
-      jnp.full((batch, steps), -1, jnp.int32),
-      jnp.zeros((batch, steps), jnp.float32),
-      jnp.full((batch, window), -2, jnp.int32),
-      jnp.zeros((batch,), bool),
+    initial = _SamplingState(
+      step=jnp.int32(0),
+      logits=last_logits,
+      cache=cache,
+      done=jnp.zeros((batch,), bool),
+      tokens=jnp.full((batch, steps), -1, jnp.int32),
+      logprobs=jnp.zeros((batch, steps), jnp.float32),
+      recent=jnp.full((batch, window), -2, jnp.int32),
+      stopped=jnp.zeros((batch,), bool),
     )
-    _, _, _, _, out, out_lp, _, stopped = jax.lax.while_loop(cond_fn, step_fn, carry)
+    final = jax.lax.while_loop(lambda state: ~jnp.all(state.done), step_fn, initial)
+    out, out_lp, stopped = final.tokens, final.logprobs, final.stopped
     # A row's tokens end at EOS (excluded); a stop sequence's tokens are cut on the host side.
     valid = out >= 0
     length = jnp.where(jnp.all(valid, axis=1), steps, jnp.argmin(valid, axis=1))

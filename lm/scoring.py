@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lm.model import Qwen
+from lm.shapes import round_up
 
 Array = jax.Array
 
@@ -103,7 +104,7 @@ def pack_pairs(
   lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
   if any(len(p) == 0 for p in prompts):
     raise ValueError("every prompt needs at least one token")
-  width = -(-max(lengths) // length_multiple) * length_multiple
+  width = round_up(max(lengths), length_multiple)
   tokens = np.full((len(prompts), width), pad_id, np.int32)
   attention = np.zeros_like(tokens)
   completion = np.zeros_like(tokens)

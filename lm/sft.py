@@ -23,6 +23,7 @@ from flax import nnx
 
 from lm import scoring
 from lm.model import Qwen
+from lm.shapes import round_up
 
 _log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def train_sft(
     raise ValueError("every example needs at least one completion token")
   pad_id = pad_id if pad_id is not None else (model.config.pad_token_id or 0)
   longest = max(len(p) + len(c) for p, c in examples)
-  width = -(-longest // config.length_multiple) * config.length_multiple
+  width = round_up(longest, config.length_multiple)
   graphdef, params = nnx.split(model)
   tx = config.optimizer()
   opt_state = tx.init(params)

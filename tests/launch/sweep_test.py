@@ -38,6 +38,8 @@ def test_helper_product_and_zip():
     h.sweep("loss.beta", [1])
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_sweep_runs_one_process_per_point_and_resumes(tmp_path, capsys):
   config = tmp_path / "cfg.py"
   config.write_text(CONFIG)
@@ -64,6 +66,7 @@ def test_sweep_runs_one_process_per_point_and_resumes(tmp_path, capsys):
       assert f.read() == "run\n"
 
 
+@pytest.mark.integration
 def test_failed_points_are_recorded_and_reported(tmp_path):
   config = tmp_path / "cfg.py"
   config.write_text(CONFIG)

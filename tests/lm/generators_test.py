@@ -1,7 +1,8 @@
 """JaxGenerator against the sampler, the response cache, OpenAIGenerator's retries, make_generator.
 
 OpenAIGenerator's requests and parsing are tested end to end against the real server in
-server_test.py; here its retry policy meets a real local HTTP server that fails on purpose.
+server_test.py; here its retry policy (the `openai` client's own, configured by OpenAIGenerator)
+meets a real local HTTP server that fails on purpose.
 """
 
 import http.server
@@ -167,6 +168,7 @@ def _fill_cache(cache_dir, barrier):
   CachedGenerator(_EchoGenerator(), cache_dir, "echo").generate(_SHARED_PROMPTS, n=N, params=PARAMS)
 
 
+@pytest.mark.integration
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_two_processes_sharing_a_cache_do_not_corrupt_it(tmp_path):
   # Forked, not spawned: a spawned child would spend longer importing JAX than the test takes,
@@ -206,11 +208,11 @@ _COMPLETION = {
 class _FlakyServer:
   """A real HTTP server on 127.0.0.1 that follows a script of failures, then succeeds.
 
-  Script steps: an HTTP status (answered with an error body; 429 carries Retry-After) or "slow"
-  (answers after the client has timed out).
+  Script steps: an HTTP status (answered with an error body; 429 and 503, the statuses RFC 9110
+  pairs with it, carry Retry-After) or "slow" (answers after the client has timed out).
   """
 
-  def __init__(self, script, retry_after="0"):
+  def __init__(self, script, retry_after="0.01"):
     self.hits = []
     outer = self
 
@@ -225,7 +227,7 @@ class _FlakyServer:
         body = _COMPLETION if step == 200 else {"error": {"message": f"scripted {step}", "type": "x"}}
         data = json.dumps(body).encode()
         self.send_response(step)
-        if step == 429:
+        if step in (429, 503):
           self.send_header("Retry-After", retry_after)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -249,20 +251,24 @@ class _FlakyServer:
 
 
 def _client(base_url, **kwargs):
-  kwargs = dict(dict(max_retries=5, timeout=0.3, backoff_s=0.01, max_backoff_s=2.0), **kwargs)
-  return OpenAIGenerator(base_url, "m", **kwargs)
+  return OpenAIGenerator(base_url, "m", **dict(dict(max_retries=5, timeout=0.3), **kwargs))
 
 
+@pytest.mark.integration
 def test_openai_generator_retries_timeouts_429_and_5xx_with_backoff():
-  with _FlakyServer(["slow", 429, 503, 500], retry_after="0.5") as server:
+  # The 500 comes first: it has no Retry-After, so the client's own backoff (0.5 s before the
+  # first retry, less up to 25% jitter) applies while it is still short.
+  with _FlakyServer([500, "slow", 429, 503], retry_after="0.5") as server:
     start = time.monotonic()
     out = _client(server.base_url).generate(["hi"], params=GenerationParams(max_tokens=2))
     elapsed = time.monotonic() - start
-  assert server.hits == ["slow", 429, 503, 500, 200]
+  assert server.hits == [500, "slow", 429, 503, 200]
   assert out == [[Generation("ok", None, None, "stop", 3, 1)]]
-  assert elapsed >= 0.3 + 0.5  # the timeout, then the server's Retry-After (backoff alone is ~0.1 s)
+  # The 500's backoff, the timeout (then a backoff not counted here), the server's Retry-After twice.
+  assert elapsed >= 0.5 * 0.75 + 0.3 + 0.5 + 0.5
 
 
+@pytest.mark.integration
 def test_openai_generator_does_not_retry_other_4xx():
   with _FlakyServer([400, 400]) as server:
     with pytest.raises(openai.BadRequestError, match="scripted 400"):
@@ -270,6 +276,7 @@ def test_openai_generator_does_not_retry_other_4xx():
   assert server.hits == [400]
 
 
+@pytest.mark.integration
 def test_openai_generator_gives_up_after_max_retries():
   with _FlakyServer([503] * 5) as server:
     with pytest.raises(openai.InternalServerError):
@@ -280,6 +287,7 @@ def test_openai_generator_gives_up_after_max_retries():
 # ---- make_generator ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_make_generator_loads_a_checkpoint_that_generates_like_the_original(generator, tmp_path):
   lm.save_hf(generator.sampler.model, tmp_path / "ckpt")
   config = tiny_config(tmp_path / "tokenizer")

@@ -30,6 +30,7 @@ def _hf_logits(model, tokens, mask=None):
   return out.logits.float().numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "kind,heads,kv_heads,head_dim,tied",
   [
@@ -52,6 +53,7 @@ def test_float32_logits_match_transformers(tmp_path, kind, heads, kv_heads, head
   np.testing.assert_allclose(ours, _hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
 def test_bfloat16_logits_within_tolerance(tmp_path, kind):
   hf_model, path = save_tiny(tmp_path, kind=kind, head_dim=8)
@@ -66,6 +68,7 @@ def test_bfloat16_logits_within_tolerance(tmp_path, kind):
   assert hf_err < BF16_ATOL
 
 
+@pytest.mark.slow
 def test_left_padded_batch_equals_rows_alone(tmp_path):
   hf_model, path = save_tiny(tmp_path, kind="qwen3")
   model = lm.load_hf(path, dtype="float32")
@@ -84,6 +87,7 @@ def test_left_padded_batch_equals_rows_alone(tmp_path):
   np.testing.assert_allclose(batched[mask == 1], hf[mask == 1], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_kv_cache_decoding_equals_full_forward(tmp_path):
   _, path = save_tiny(tmp_path, kind="qwen2")
   model = lm.load_hf(path, dtype="float32")
@@ -99,6 +103,7 @@ def test_kv_cache_decoding_equals_full_forward(tmp_path):
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied,max_shard_bytes", [(True, 1 << 30), (False, 20_000)])
 def test_save_hf_round_trip_through_transformers(tmp_path, tied, max_shard_bytes):
   config = ModelConfig.preset("tiny_qwen3", vocab_size=128, tie_word_embeddings=tied)
@@ -114,6 +119,7 @@ def test_save_hf_round_trip_through_transformers(tmp_path, tied, max_shard_bytes
   np.testing.assert_array_equal(np.asarray(reloaded(jnp.asarray(tokens))), ours)
 
 
+@pytest.mark.slow
 def test_bfloat16_save_is_loadable(tmp_path):
   model = lm.Qwen(ModelConfig.tiny_qwen2(vocab_size=64), rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
   lm.save_hf(model, tmp_path / "bf16")

@@ -55,6 +55,7 @@ def test_adapters_off_is_the_reference_and_roles_differ(setup):
   )
 
 
+@pytest.mark.slow
 def test_merge_equals_unmerged_and_exports_to_transformers(setup, tmp_path):
   model, adapters = setup
   adapted = lora.with_adapter(model, _randomise(adapters["generator"], 0))
@@ -68,6 +69,7 @@ def test_merge_equals_unmerged_and_exports_to_transformers(setup, tmp_path):
   np.testing.assert_allclose(theirs, _logits(adapted, TOKENS), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sampler_samples_from_the_role(setup):
   model, adapters = setup
   adapted = lora.with_adapter(model, _randomise(adapters["verifier"], 3))

@@ -44,6 +44,7 @@ def _hf_greedy(hf_model, prompts, max_new_tokens, eos_id):
   return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
 def test_greedy_equals_transformers_generate(tmp_path_factory, kind):
   hf_model, model = _load(tmp_path_factory, kind)
@@ -58,6 +59,7 @@ def test_greedy_equals_transformers_generate(tmp_path_factory, kind):
   assert all(len(t[0]) == 12 or r[0] == "stop" for t, r in zip(out.tokens, out.finish_reasons, strict=True))
 
 
+@pytest.mark.slow
 def test_sample_is_the_same_alone_and_in_a_batch(checkpoint):
   _, model = checkpoint
   sampler = sampler_lib.Sampler(model)
@@ -82,6 +84,7 @@ def test_seed_reproducibility_and_per_prompt_parameters(checkpoint):
   assert mixed.tokens[1] == a.tokens[1]  # sample 0 of seed 3 whatever the batch around it
 
 
+@pytest.mark.slow
 def test_sampler_logprobs_equal_scoring_logprobs(checkpoint):
   _, model = checkpoint
   out = sampler_lib.Sampler(model).generate(PROMPTS, max_new_tokens=9, n=2, temperature=0.8, seed=1)
@@ -132,6 +135,7 @@ def test_top_k_one_is_greedy(checkpoint):
   )
 
 
+@pytest.mark.slow
 def test_sharded_sampling_equals_single_device(checkpoint):
   _, model = checkpoint
   expected = sampler_lib.Sampler(model).generate(PROMPTS, max_new_tokens=8, n=2, seed=5)

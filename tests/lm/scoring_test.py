@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import lm
@@ -27,6 +28,7 @@ def test_chunked_equals_full_log_softmax_with_ragged_last_chunk():
   np.testing.assert_allclose(grad_chunked, grad_full, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sequence_logprobs_match_model_logits():
   model = lm.Qwen(ModelConfig.tiny_qwen2(vocab_size=100), rngs=nnx.Rngs(0))
   prompts = [[5, 6, 7], [9]]

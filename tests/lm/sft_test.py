@@ -1,6 +1,7 @@
 """Supervised fine-tuning memorises a tiny task; batches cover every example each epoch."""
 
 import numpy as np
+import pytest
 from flax import nnx
 
 import lm
@@ -8,6 +9,7 @@ from lm import sft
 from lm.config import ModelConfig
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_memorisation_task_and_input_model_is_untouched():
   model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
   before = np.asarray(model.embed_vd[...]).copy()

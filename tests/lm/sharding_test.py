@@ -38,6 +38,7 @@ def test_fit_spec_replicates_indivisible_dims():
   assert sharding.fit_spec(P(("data", "fsdp"), None), (6, 3), mesh) == P(("data", "fsdp"), None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "mesh_config", [sharding.MeshConfig(data=2, fsdp=2, tp=2), sharding.MeshConfig(data=1, fsdp=2, tp=4)]
 )
@@ -57,6 +58,7 @@ def test_sharded_forward_equals_single_device(mesh_config):
   np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_load_hf_places_tensors_on_their_shardings(tmp_path):
   _, path = save_tiny(tmp_path, heads=4, kv_heads=2, head_dim=16)
   single = lm.load_hf(path, dtype="float32")
