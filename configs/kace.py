@@ -41,13 +41,19 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       train_limit=0,
       embedder_dir="",
       distill="teacher",
+      accept_fraction=0.5,  # held out from the teacher and curator; every change is judged on it
+      max_sweeps=3,  # ADD passes over every cell; fewer when a sweep keeps no card
+      min_gain=0,  # correct answers a card must add on its acceptance readers (0: no drop)
+      universal=True,  # each sweep ends with one teacher call for universal cards
       failures_per_prompt=4,
       max_cards=3,
-      attempt_chars=600,
+      attempt_tokens=4096,  # a failed trace is shown whole within this budget, else head + tail
       retries=2,
       refine_rounds=1,
+      credit_max_problems=0,  # > 0: a card's counterfactual credit on at most this many readers
+      curator_cards=8,  # lowest-credit cards shown to the curator with examples
+      curator_examples=2,
       duplicate_threshold=0.85,
-      helpful_share=0.5,
       max_card_chars=600,
     )
   )

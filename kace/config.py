@@ -58,13 +58,19 @@ class LearnSection:
   train_limit: int = 0
   embedder_dir: str = ""
   distill: str = "teacher"
+  accept_fraction: float = 0.5
+  max_sweeps: int = 3
+  min_gain: int = 0
+  universal: bool = True
   failures_per_prompt: int = 4
   max_cards: int = 3
-  attempt_chars: int = 600
+  attempt_tokens: int = 4096
   retries: int = 2
   refine_rounds: int = 1
+  credit_max_problems: int = 0
+  curator_cards: int = 8
+  curator_examples: int = 2
   duplicate_threshold: float = 0.85
-  helpful_share: float = 0.5
   max_card_chars: int = 600
 
   def __post_init__(self):

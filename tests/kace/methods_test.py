@@ -42,7 +42,13 @@ def _tiny_config(checkpoint, bert_dir):
   c.eval.update(solve_rate_k=0, bootstrap=50, batch_size=8)
   c.grader.workers = 1
   c.learn.update(
-    train_limit=4, retries=0, attempt_chars=40, failures_per_prompt=1, max_cards=1, embedder_dir=bert_dir
+    train_limit=4,
+    retries=0,
+    attempt_tokens=10,
+    failures_per_prompt=1,
+    max_cards=1,
+    embedder_dir=bert_dir,
+    max_sweeps=1,
   )
   c.ace.batch_size = 4
   c.gepa.max_metric_calls = 4
@@ -73,8 +79,8 @@ def test_every_method_runs_end_to_end_into_the_table(tmp_path, tiny_checkpoint, 
   # The tiny model's teacher and curator replies are not JSON: recorded with their errors, skipped.
   for artifact in ("kace", "no_domain", "no_difficulty"):
     log = list(rundir.read_jsonl(build / artifact / learn.LOG))
-    taught = [r for r in log if r["phase"] == "add" and r["failed"]]
-    assert taught and all(len(r["replies"]) == 1 == len(r["errors"]) and not r["added"] for r in taught)
+    taught = [r for r in log if r["phase"] == "add" and r["teacher_calls"]]
+    assert taught and all(len(r["replies"]) == 1 == len(r["errors"]) and not r["cards"] for r in taught)
     (refined,) = [r for r in log if r["phase"] == "refine"]
     assert len(refined["replies"]) == 1 == len(refined["errors"]) and not refined["applied"]
   for name in ("best_of_n", "gepa", "ace_playbook"):
