@@ -29,9 +29,10 @@ SOLVER_TEMPLATE = (
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.methods = ("best_of_n", "tiered", "kace")
+  c.methods = ("best_of_n", "best_of_n_curve", "tiered", "kace")
   # Per-method options (kace.methods reads them; the learned methods and baselines have their own).
-  c.best_of_n = ml_collections.ConfigDict(dict(n=5))
+  # best_of_n_curve draws curve_max samples once per problem: Best-of-N for N = 1 … curve_max.
+  c.best_of_n = ml_collections.ConfigDict(dict(n=5, curve_max=10))
   c.kace = ml_collections.ConfigDict(dict(tree=""))  # an Epistemic Tree JSON file
   # Learning (kace.learn.LearnConfig fields; `dir`: a build directory with the learned artefacts).
   c.learn = ml_collections.ConfigDict(
@@ -64,8 +65,8 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   # The paper-style table (launch/kace_table.py): benchmarks, each a set of config.data overrides.
   c.table = ml_collections.ConfigDict(
     dict(
-      methods=("best_of_n", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain",
-               "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval"),
+      methods=("best_of_n", "best_of_n_curve", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa",
+               "no_domain", "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval"),
       benchmarks=("synthetic",),
     )
   )  # fmt: skip

@@ -27,11 +27,16 @@ GeneratorConfig = generators.GeneratorConfig
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BestOfNConfig:
+  """`n`: samples of `best_of_n` (and of the best-of-N baselines); `curve_max`: samples drawn once
+  per problem by `best_of_n_curve`, whose votes over every subset of size N = 1 … curve_max give
+  the accuracy-vs-calls curve every method is compared with."""
+
   n: int = 5
+  curve_max: int = 10
 
   def __post_init__(self):
-    if self.n < 1:
-      raise ValueError(f"best_of_n.n must be >= 1, got {self.n}")
+    if self.n < 1 or self.curve_max < 1:
+      raise ValueError(f"best_of_n.n and best_of_n.curve_max must be >= 1, got {self}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -278,7 +283,7 @@ class KaceConfig:
   """configs/kace.py, typed: what the evaluation, the build and the table launchers run."""
 
   seed: int = 0
-  methods: tuple[str, ...] = ("best_of_n", "tiered", "kace")
+  methods: tuple[str, ...] = ("best_of_n", "best_of_n_curve", "tiered", "kace")
   best_of_n: BestOfNConfig = dataclasses.field(default_factory=BestOfNConfig)
   kace: TreeConfig = dataclasses.field(default_factory=TreeConfig)
   learn: LearnSection = dataclasses.field(default_factory=LearnSection)
@@ -334,6 +339,7 @@ class KaceConfig:
     """What the solving methods (`kace.methods`) read."""
     return MethodOptions(
       best_of_n=self.best_of_n.n,
+      best_of_n_max=self.best_of_n.curve_max,
       schedule=self.schedule.schedule(),
       template=self.prompt.solver,
       kace_tree=self.kace.tree,
@@ -354,6 +360,7 @@ class MethodOptions:
 
   Attributes:
     best_of_n: samples of the best-of-N methods.
+    best_of_n_max: samples per problem of `best_of_n_curve`.
     schedule: the tiered methods' schedule.
     template: the solver prompt (with {question} and {notes}).
     kace_tree: the `kace` tree file ("" = `learn_dir`'s).
@@ -365,6 +372,7 @@ class MethodOptions:
   """
 
   best_of_n: int
+  best_of_n_max: int
   schedule: tiers.Schedule
   template: str
   kace_tree: str

@@ -176,20 +176,26 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
   """Methods (rows, `method_names`) × benchmarks: accuracy % ± half the 95% bootstrap CI, mean
   solver calls, and the paper's reported accuracy beside ours where it reports one."""
   benches = list(results)
-  head = "| method | " + " | ".join(f"{b} (ours) | {b} (paper)" for b in benches) + " |"
+  head = "| method | " + " | ".join(f"{b} (ours) | {b} (paper) | {b} vs Best-of-N" for b in benches) + " |"
   lines = [
     "# KACE: methods × benchmarks",
     "",
     "Accuracy % ± half-width of the 95% percentile-bootstrap CI, and mean solver calls (sampled "
     "completions) per problem. Paper: the KACE paper's reported accuracy (AIME 2025 only; '~' = "
-    "reported approximately). Problems per benchmark: "
+    "reported approximately). vs Best-of-N: our accuracy minus Best-of-N's at the same mean calls, "
+    "linearly interpolated on the best_of_n_curve curve (N = 1 … 10 from one draw of 10 samples per "
+    "problem; – outside its range or without it). Problems per benchmark: "
     + ", ".join(f"{b} {max((m['problems'] for m in results[b].values()), default=0)}" for b in benches)
     + ".",
     "",
     head,
-    "|---|" + "---|---|" * len(benches),
+    "|---|" + "---|---|---|" * len(benches),
   ]
   for method in method_names:
-    cells = [f"{_cell(results[b].get(method))} | {PAPER.get(b, {}).get(method, '–')}" for b in benches]
+    cells = [
+      f"{_cell(results[b].get(method))} | {PAPER.get(b, {}).get(method, '–')} | "
+      f"{evaluate.vs_bon(results[b].get(method) or {})}"
+      for b in benches
+    ]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"

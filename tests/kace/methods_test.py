@@ -15,8 +15,8 @@ from lm import generators, rundir
 from tests.kace import learn_helpers
 
 ALL = (
-  "best_of_n", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain", "no_difficulty",
-  "raw_reflections", "llm_router", "embedding_retrieval",
+  "best_of_n", "best_of_n_curve", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain",
+  "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval",
 )  # fmt: skip
 PARAMS = generators.GenerationParams(max_tokens=8, temperature=0.7)
 
@@ -85,6 +85,9 @@ def test_every_method_runs_end_to_end_into_the_table(tmp_path, tiny_checkpoint, 
     assert len(refined["replies"]) == 1 == len(refined["errors"]) and not refined["applied"]
   for name in ("best_of_n", "gepa", "ace_playbook"):
     assert {r["calls"] for r in records if r["method"] == name} == {5}  # best-of-5 budget
+  assert {r["calls"] for r in records if r["method"] == "best_of_n_curve"} == {10}
+  curve = results["synthetic"]["best_of_n_curve"]["curve"]
+  assert [c["n"] for c in curve] == list(range(1, 11)) and "vs Best-of-N" in table
 
 
 def test_table_markdown_puts_the_papers_numbers_beside_ours():
