@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from kace import cards, data, embed, learn, synthetic, tiers
+import configs.kace
+from kace import cards, data, embed, learn, pipeline, synthetic, tiers
+from kace import config as kace_config
 from lm import generators, rundir
 from tests.kace import learn_helpers
 
@@ -451,3 +453,29 @@ def test_real_minilm_puts_paraphrases_closer_than_unrelated_cards():
                    "Reduce modulo 9 to find the remainder."])  # fmt: skip
   assert v[0] @ v[1] > 0.8 > 0.3 > v[0] @ v[2]
   assert embed.top_k(v[:1], v[1:], 2) == [[0, 1]]
+
+
+def test_ablation_trees_hold_the_same_card_budget_and_make_the_same_teacher_calls(grader, bert):
+  config = kace_config.KaceConfig.from_dict(configs.kace.get_config("qwen3_4b"))
+  b, cells = config.learn.budget_tokens, 2 * len(config.domains)  # (MS, HS) x domains
+  built = {}
+  for artifact in ("kace", "no_domain", "no_difficulty"):
+    start, universal = pipeline.tree_start(config, artifact)
+    read = {start.resolve(t, d) for t in ("MS", "HS") for d in config.domains}
+    assert len(read) * start.budget_tokens + universal == (cells + 1) * b, artifact  # 9 x 1024 tokens
+    assert universal == b
+    # The same scripted roles learn each layout: a stuck problem per domain in each split; the
+    # teacher always proposes GOOD. In the collapsed layouts one card reaches both domains, so
+    # outcomes differ, but the planned cells (and so the teacher calls) are the same.
+    alg, geo = _bed(["stuck", "hs_wrong"], ["stuck"]), _bed(["stuck"], ["stuck"], "geometry")
+    teach, accept = alg[0] + geo[0], alg[1] + geo[1]
+    teacher = _teacher(GOOD)
+    learner = _scripted_learner(grader, bert, teach + accept, teacher, universal=True, max_sweeps=2)
+    learner = dataclasses.replace(learner, domains=config.domains, universal_budget=universal)
+    tree, progress, logs = _run(learner, teach, accept, start)
+    assert not tree.over_budget() and tree.tokens(tree.universal()) <= universal
+    calls = [(log["sweep"], log["cell"], log["teacher_calls"]) for log in logs if log["phase"] == "add"]
+    built[artifact] = (calls, len(teacher.prompts), tree)
+  assert built["kace"][0] == built["no_domain"][0] == built["no_difficulty"][0]
+  assert built["kace"][1] == built["no_domain"][1] == built["no_difficulty"][1] == 2 * 4  # 4 cells, 2 sweeps
+  assert built["no_difficulty"][2].block("MS", "geometry") == built["no_difficulty"][2].block("HS", "algebra")
