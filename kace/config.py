@@ -69,7 +69,7 @@ class LearnSection:
   universal: bool = True
   failures_per_prompt: int = 4
   max_cards: int = 3
-  attempt_tokens: int = 4096
+  attempt_tokens: int = 6144
   retries: int = 2
   refine_rounds: int = 1
   credit_max_problems: int = 0
@@ -205,10 +205,15 @@ class DataConfig:
     test_fraction: > 0: evaluate on the test half of a seeded split (and learn on the other).
     split_seed: the split's seed.
     limit: > 0: the first `limit` test problems by id.
+    train_name, train_source: what ADD / REFINE learn on: "" = the other part of the
+      `test_fraction` split; else the problems of that loader (math with `levels`, olymmath with
+      `splits`, aime2025 for any AIME-format file such as earlier years), from `train_source`.
   """
 
   name: str = "synthetic"
   source: str = ""
+  train_name: str = ""
+  train_source: str = ""
   levels: tuple[int, ...] = (4, 5)
   splits: tuple[str, ...] = ("EN-EASY", "EN-HARD")
   verifiable_only: bool = False
@@ -223,6 +228,8 @@ class DataConfig:
       raise ValueError(f"config.data.test_fraction must be in [0, 1], got {self.test_fraction}")
     if self.limit < 0:
       raise ValueError(f"config.data.limit must be >= 0, got {self.limit}")
+    if self.train_name and self.train_name not in DATA_NAMES:
+      raise ValueError(f"config.data.train_name must be '' or one of {DATA_NAMES}, got {self.train_name!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

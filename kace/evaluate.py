@@ -53,6 +53,19 @@ def resolve(config: config_lib.KaceConfig) -> config_lib.KaceConfig:
   )
 
 
+def _load(d: config_lib.DataConfig, tiny_solver: synthetic.TinySolverConfig, half: str) -> list[data.Problem]:
+  """Every problem of benchmark `d.name` from `d.source` (the synthetic set: its `half`)."""
+  if d.name == "synthetic":
+    return tiny_solver.problems()[half == "test"]
+  if d.name == "aime2025":
+    return data.load_aime2025(d.source or "opencompass/AIME2025")
+  if d.name == "math":
+    return data.load_math(d.source, levels=tuple(d.levels))
+  if d.name == "olymmath":
+    return data.load_olymmath(d.source, splits=tuple(d.splits))
+  raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {d.name!r}")
+
+
 def load_problems(
   data_config: config_lib.DataConfig,
   tiny_solver: synthetic.TinySolverConfig,
@@ -60,27 +73,29 @@ def load_problems(
   half: str = "test",
 ) -> list[data.Problem]:
   """The evaluation problems `data_config` names, filtered and limited as configured; `half="train"`
-  gives the other half of the split instead (what kace.learn trains on). `tiny_solver` says which
-  synthetic problems there are."""
+  gives what kace.learn trains on instead: the other part of the split, or, with `train_name`, every
+  problem of that benchmark from `train_source` (less any id the test part holds). `tiny_solver`
+  says which synthetic problems there are."""
   d = data_config
   if half not in ("train", "test"):
     raise ValueError(f"half must be 'train' or 'test', got {half!r}")
-  if d.name == "synthetic":
-    problems = tiny_solver.problems()[half == "test"]
-  elif d.name == "aime2025":
-    problems = data.load_aime2025(d.source or "opencompass/AIME2025")
-  elif d.name == "math":
-    problems = data.load_math(d.source, levels=tuple(d.levels))
-  elif d.name == "olymmath":
-    problems = data.load_olymmath(d.source, splits=tuple(d.splits))
-  else:
-    raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {d.name!r}")
+  if half == "train" and d.train_name:  # learned on other data: every problem of that set
+    other = dataclasses.replace(d, name=d.train_name, source=d.train_source, train_name="", test_fraction=0.0)
+    problems = _load(other, tiny_solver, "train")
+    if d.verifiable_only:
+      problems = data.verifiable(problems, grader)
+    test_ids = {p.id for p in load_problems(d, tiny_solver, grader, "test")}
+    return sorted((p for p in problems if p.id not in test_ids), key=lambda p: p.id)
+  problems = _load(d, tiny_solver, half)
   if d.verifiable_only:
     problems = data.verifiable(problems, grader)
   if d.test_fraction:
     problems = data.train_test_split(problems, d.test_fraction, d.split_seed)[half == "test"]
   elif half == "train" and d.name != "synthetic":
-    raise ValueError(f"training on {d.name} needs config.data.test_fraction > 0 (a train/test split)")
+    raise ValueError(
+      f"training on {d.name} needs config.data.test_fraction > 0 (a train/test split) or "
+      "config.data.train_name (learn on other data)"
+    )
   problems = sorted(problems, key=lambda p: p.id)
   return problems[: d.limit] if d.limit and half == "test" else problems
 

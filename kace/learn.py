@@ -136,7 +136,7 @@ class LearnConfig:
   universal: bool = True
   failures_per_prompt: int = 4
   max_cards: int = 3
-  attempt_tokens: int = 4096
+  attempt_tokens: int = 6144
   retries: int = 2
   refine_rounds: int = 1
   credit_max_problems: int = 0

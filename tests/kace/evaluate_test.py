@@ -196,3 +196,24 @@ def test_report_puts_every_method_against_best_of_n_at_equal_calls(tmp_path):
   table = (tmp_path / "results.md").read_text()
   assert f"| {100 * (0.5 - bon):+.1f} pts (BoN {100 * bon:.1f}%) |" in table and "N=3: 50.0%" in table
   assert (tmp_path / "accuracy_vs_calls.png").exists()
+
+
+def test_aime_is_evaluated_whole_and_learned_on_other_data(tmp_path, grader):
+  aime, math_train = tmp_path / "aime2025.jsonl", tmp_path / "math_train.jsonl"
+  aime.write_text("".join(json.dumps({"question": f"AIME {i}?", "answer": str(i)}) + "\n" for i in range(30)))
+  rows = [
+    {"problem": f"M{i}?", "level": f"Level {lvl}", "type": "Algebra", "solution": f"\\boxed{{{i}}}"}
+    for i, lvl in enumerate([3, 4, 5, 5])
+  ]
+  math_train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  typed = kace_config.KaceConfig.from_dict(configs.kace.get_config())
+  bench = typed.benchmark("aime2025").data
+  assert (bench.test_fraction, bench.train_name) == (0.0, "math")
+  d = dataclasses.replace(bench, source=str(aime), train_source=str(math_train))
+  tiny = typed.synthetic.tiny_solver()
+  test = evaluate.load_problems(d, tiny, grader, half="test")
+  train = evaluate.load_problems(d, tiny, grader, half="train")
+  assert len(test) == 30 and {p.source for p in test} == {"AIME2025"}
+  assert sorted(p.question for p in train) == ["M1?", "M2?", "M3?"] and {p.level for p in train} == {4, 5}
+  with pytest.raises(ValueError, match="train_name"):
+    evaluate.load_problems(dataclasses.replace(d, train_name=""), tiny, grader, half="train")
