@@ -479,3 +479,11 @@ def test_ablation_trees_hold_the_same_card_budget_and_make_the_same_teacher_call
   assert built["kace"][0] == built["no_domain"][0] == built["no_difficulty"][0]
   assert built["kace"][1] == built["no_domain"][1] == built["no_difficulty"][1] == 2 * 4  # 4 cells, 2 sweeps
   assert built["no_difficulty"][2].block("MS", "geometry") == built["no_difficulty"][2].block("HS", "algebra")
+
+
+def test_a_failed_trace_is_shown_whole_within_its_token_budget_else_head_and_tail():
+  trace = "<think>" + "step " * 200 + "</think> so \\boxed{9}"
+  assert learn.excerpt(trace, 1000) == trace
+  short = learn.excerpt(trace, 60)
+  assert short.startswith("<think>step") and short.endswith("\\boxed{9}") and "characters left out" in short
+  assert len(short) < len(trace) and cards.estimate_tokens(short) <= 60 + 10  # the marker line
