@@ -1,6 +1,9 @@
-"""ADD and REFINE: the block-coordinate acceptance rule, every curator operation applied and recorded,
-a build interrupted mid-way resumes without redoing finished blocks, malformed replies never crash,
-and the MiniLM code against transformers. (The tiny real model in every role: methods_test.py.)"""
+"""ADD and REFINE with scripted roles (tables, not models): a card is judged on every held-out problem
+whose path reads its block, sweeps repeat, universal cards follow the same rule; REFINE's credit is
+counterfactual, a harmful card is repaired and a harmful edit rolled back, DEMOTE never disables a
+card; ablation layouts hold the same budget and teacher calls; every curator operation is applied
+and recorded; an interrupted build resumes without redoing finished cells; malformed replies never
+crash; the MiniLM code against transformers. (The tiny real model in every role: methods_test.py.)"""
 
 import dataclasses
 import json
