@@ -29,9 +29,10 @@ SOLVER_TEMPLATE = (
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.methods = ("best_of_n", "tiered", "kace")
+  c.methods = ("best_of_n", "best_of_n_curve", "tiered", "kace")
   # Per-method options (kace.methods reads them; the learned methods and baselines have their own).
-  c.best_of_n = ml_collections.ConfigDict(dict(n=5))
+  # best_of_n_curve draws curve_max samples once per problem: Best-of-N for N = 1 … curve_max.
+  c.best_of_n = ml_collections.ConfigDict(dict(n=5, curve_max=10))
   c.kace = ml_collections.ConfigDict(dict(tree=""))  # an Epistemic Tree JSON file
   # Learning (kace.learn.LearnConfig fields; `dir`: a build directory with the learned artefacts).
   c.learn = ml_collections.ConfigDict(
@@ -41,13 +42,19 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       train_limit=0,
       embedder_dir="",
       distill="teacher",
+      accept_fraction=0.5,  # held out from the teacher and curator; every change is judged on it
+      max_sweeps=3,  # ADD passes over every cell; fewer when a sweep keeps no card
+      min_gain=0,  # correct answers a card must add on its acceptance readers (0: no drop)
+      universal=True,  # each sweep ends with one teacher call for universal cards
       failures_per_prompt=4,
       max_cards=3,
-      attempt_chars=600,
+      attempt_tokens=6144,  # a failed trace is shown whole within this budget, else head + tail
       retries=2,
       refine_rounds=1,
+      credit_max_problems=0,  # > 0: a card's counterfactual credit on at most this many readers
+      curator_cards=8,  # lowest-credit cards shown to the curator with examples
+      curator_examples=2,
       duplicate_threshold=0.85,
-      helpful_share=0.5,
       max_card_chars=600,
     )
   )
@@ -58,15 +65,17 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   # The paper-style table (launch/kace_table.py): benchmarks, each a set of config.data overrides.
   c.table = ml_collections.ConfigDict(
     dict(
-      methods=("best_of_n", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain",
-               "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval"),
+      methods=("best_of_n", "best_of_n_curve", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa",
+               "no_domain", "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval"),
       benchmarks=("synthetic",),
     )
   )  # fmt: skip
   c.benchmarks = ml_collections.ConfigDict(
     dict(
       synthetic=dict(name="synthetic"),
-      aime2025=dict(name="aime2025", test_fraction=0.5),
+      # All 30 AIME 2025 problems are evaluated; cards are learned on MATH levels 4-5 (point
+      # train_source at MATH's train split) or, with train_name="aime2025", at earlier AIME years.
+      aime2025=dict(name="aime2025", test_fraction=0.0, train_name="math"),
       math=dict(name="math", test_fraction=0.5),
       olymmath=dict(name="olymmath", verifiable_only=True, test_fraction=0.5),
     )
@@ -86,18 +95,28 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c.domains = DOMAINS
   c.fallback_domain = ""  # an unusable classifier reply gets this domain ("" = the first domain)
   c.prompt = ml_collections.ConfigDict(dict(solver=SOLVER_TEMPLATE))
-  # Solver sampling (lm.generators.GenerationParams; seeds are derived per problem and stage).
+  # Solver sampling (lm.generators.GenerationParams; seeds are derived per problem and stage). The
+  # real-model defaults are Qwen3's own recommendation for thinking mode (model card,
+  # https://huggingface.co/Qwen/Qwen3-4B, "Best Practices"): temperature 0.6, top-p 0.95, top-k 20,
+  # min-p 0 (the servers' and our sampler's default), and an output length of 38,912 tokens for
+  # competition maths such as AIME (32,768 for most queries) — with a ~2k-token prompt that is the
+  # 40,960 positions of Qwen3-4B's config. A shorter budget cuts AIME traces inside <think>, where
+  # no answer is extracted.
   c.sampling = ml_collections.ConfigDict(
-    dict(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, stop=(), enable_thinking=None)
+    dict(max_tokens=38912, temperature=0.6, top_p=0.95, top_k=20, stop=(), enable_thinking=True)
   )
-  # Teacher, curator, reflector and router sampling (their replies are JSON).
+  # Teacher, curator, reflector and router sampling (their replies are JSON after the thinking):
+  # the same Qwen3 thinking-mode settings; 12,288 output tokens leave room in a 40,960-position
+  # context for a prompt of learn.failures_per_prompt (4) traces of learn.attempt_tokens (6,144).
   c.role_sampling = ml_collections.ConfigDict(
-    dict(max_tokens=2048, temperature=0.7, top_p=0.95, top_k=20, stop=(), enable_thinking=False)
+    dict(max_tokens=12288, temperature=0.6, top_p=0.95, top_k=20, stop=(), enable_thinking=True)
   )
   c.classifier_sampling = ml_collections.ConfigDict(
     dict(max_tokens=32, temperature=0.0, top_p=1.0, top_k=0, stop=(), enable_thinking=False)
   )
-  # LLM roles (lm.generators.GeneratorConfig fields); a role left None is played by the solver.
+  # LLM roles (lm.generators.GeneratorConfig fields); a role left None is played by the solver. The
+  # real-model presets set teacher and curator to a separate, stronger model (Qwen3-32B); the CPU
+  # preset leaves them to the tiny solver.
   c.roles = ml_collections.ConfigDict()
   c.roles.solver = generator_config()
   for name in ("classifier", "teacher", "curator", "router"):
@@ -106,6 +125,10 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     dict(
       name="synthetic",  # synthetic | aime2025 | math | olymmath
       source="",  # a local file / directory, or a hub name (aime2025 default: opencompass/AIME2025)
+      # Learning data: "" = the other part of this benchmark's test_fraction split; else a loader
+      # name (math, aime2025 for any AIME-format file, olymmath) whose `train_source` is learned on.
+      train_name="",
+      train_source="",
       levels=(4, 5),  # math
       splits=("EN-EASY", "EN-HARD"),  # olymmath
       verifiable_only=False,
@@ -145,25 +168,39 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     c.roles.solver.sampler = ml_collections.ConfigDict(
       dict(min_prompt_bucket=64, step_bucket=16, max_rows=512)
     )
-    c.sampling.update(max_tokens=12, temperature=0.7, top_p=1.0, top_k=0)
-    c.role_sampling.update(max_tokens=48, temperature=0.7, top_p=1.0, top_k=0)
+    c.sampling.update(max_tokens=12, temperature=0.7, top_p=1.0, top_k=0, enable_thinking=None)
+    c.role_sampling.update(max_tokens=48, temperature=0.7, top_p=1.0, top_k=0, enable_thinking=False)
     c.eval.batch_size = 48
-    c.learn.update(train_limit=96, budget_tokens=256)
+    c.learn.update(train_limit=96, budget_tokens=256, attempt_tokens=64)
     c.ace.update(batch_size=32, budget_tokens=256)
     c.gepa.max_metric_calls = 64
   elif arg == "qwen3_4b":
-    c.data.update(name="math", source="")  # set --config.data.source to a local MATH copy
+    c.data.update(name="math", source="", test_fraction=0.5)  # set --config.data.source to MATH
     c.roles.solver.update(checkpoint="", tokenizer="", dtype="bfloat16")  # a local Qwen3-4B directory
     c.roles.solver.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
+    # Qwen3-4B's KV cache is 36 layers x 8 KV heads x 128 x (K, V) x 2 bytes = 144 KiB a position,
+    # about 6 GB a row at 40,960 positions: 16 rows a call fit one 141 GB accelerator with the weights.
     c.roles.solver.sampler = ml_collections.ConfigDict(
-      dict(min_prompt_bucket=256, step_bucket=512, max_rows=256)
+      dict(min_prompt_bucket=256, step_bucket=512, max_rows=16)
     )
-    c.sampling.update(enable_thinking=True)
+    # Teacher and curator: a separate, stronger local model, thinking on (role_sampling). Set both
+    # checkpoints (e.g. Qwen3-32B); identical role configs share one loaded model.
+    for role in ("teacher", "curator"):
+      c.roles[role] = generator_config(checkpoint="", dtype="bfloat16")
+      c.roles[role].mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tp=-1))
+      c.roles[role].sampler = ml_collections.ConfigDict(
+        dict(min_prompt_bucket=1024, step_bucket=512, max_rows=4)
+      )
     c.eval.batch_size = 256
   elif arg == "openai":
-    c.data.update(name="aime2025", source="")
+    c.data.update(name="aime2025", source="", train_name="math")  # set data.train_source to MATH train
     c.roles.solver.update(kind="openai", base_url="http://127.0.0.1:8000/v1", model="Qwen/Qwen3-4B")
     c.roles.solver.cache_dir = ""  # set to cache responses on disk (resume without paying twice)
+    # Teacher and curator: a separate, stronger served model (its own server), thinking on.
+    for role in ("teacher", "curator"):
+      c.roles[role] = generator_config(
+        kind="openai", base_url="http://127.0.0.1:8001/v1", model="Qwen/Qwen3-32B"
+      )
     c.eval.batch_size = 500
   else:
     raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, qwen3_4b, openai)")

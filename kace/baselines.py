@@ -37,7 +37,7 @@ REFLECTOR_TEMPLATE = """You review a maths solver's answer. It read this playboo
 
 Problem: {question}
 Solver's answer: {answer} ({verdict}; correct answer: {gold})
-Solver's response (end):
+Solver's response:
 {response}
 
 Say what went right or wrong and what general lesson follows, and tag each playbook bullet it read.
@@ -117,7 +117,7 @@ def ace_step(
         answer=s.answer,
         verdict="correct" if s.correct else "wrong",
         gold=p.answer,
-        response=sample.text[-cfg.attempt_chars :],
+        response=learn.excerpt(sample.text, cfg.attempt_tokens),
       )
     )
   reflected = learn.ask(

@@ -27,11 +27,16 @@ GeneratorConfig = generators.GeneratorConfig
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BestOfNConfig:
+  """`n`: samples of `best_of_n` (and of the best-of-N baselines); `curve_max`: samples drawn once
+  per problem by `best_of_n_curve`, whose votes over every subset of size N = 1 … curve_max give
+  the accuracy-vs-calls curve every method is compared with."""
+
   n: int = 5
+  curve_max: int = 10
 
   def __post_init__(self):
-    if self.n < 1:
-      raise ValueError(f"best_of_n.n must be >= 1, got {self.n}")
+    if self.n < 1 or self.curve_max < 1:
+      raise ValueError(f"best_of_n.n and best_of_n.curve_max must be >= 1, got {self}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,13 +63,19 @@ class LearnSection:
   train_limit: int = 0
   embedder_dir: str = ""
   distill: str = "teacher"
+  accept_fraction: float = 0.5
+  max_sweeps: int = 3
+  min_gain: int = 0
+  universal: bool = True
   failures_per_prompt: int = 4
   max_cards: int = 3
-  attempt_chars: int = 600
+  attempt_tokens: int = 6144
   retries: int = 2
   refine_rounds: int = 1
+  credit_max_problems: int = 0
+  curator_cards: int = 8
+  curator_examples: int = 2
   duplicate_threshold: float = 0.85
-  helpful_share: float = 0.5
   max_card_chars: int = 600
 
   def __post_init__(self):
@@ -194,10 +205,15 @@ class DataConfig:
     test_fraction: > 0: evaluate on the test half of a seeded split (and learn on the other).
     split_seed: the split's seed.
     limit: > 0: the first `limit` test problems by id.
+    train_name, train_source: what ADD / REFINE learn on: "" = the other part of the
+      `test_fraction` split; else the problems of that loader (math with `levels`, olymmath with
+      `splits`, aime2025 for any AIME-format file such as earlier years), from `train_source`.
   """
 
   name: str = "synthetic"
   source: str = ""
+  train_name: str = ""
+  train_source: str = ""
   levels: tuple[int, ...] = (4, 5)
   splits: tuple[str, ...] = ("EN-EASY", "EN-HARD")
   verifiable_only: bool = False
@@ -212,6 +228,8 @@ class DataConfig:
       raise ValueError(f"config.data.test_fraction must be in [0, 1], got {self.test_fraction}")
     if self.limit < 0:
       raise ValueError(f"config.data.limit must be >= 0, got {self.limit}")
+    if self.train_name and self.train_name not in DATA_NAMES:
+      raise ValueError(f"config.data.train_name must be '' or one of {DATA_NAMES}, got {self.train_name!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -272,7 +290,7 @@ class KaceConfig:
   """configs/kace.py, typed: what the evaluation, the build and the table launchers run."""
 
   seed: int = 0
-  methods: tuple[str, ...] = ("best_of_n", "tiered", "kace")
+  methods: tuple[str, ...] = ("best_of_n", "best_of_n_curve", "tiered", "kace")
   best_of_n: BestOfNConfig = dataclasses.field(default_factory=BestOfNConfig)
   kace: TreeConfig = dataclasses.field(default_factory=TreeConfig)
   learn: LearnSection = dataclasses.field(default_factory=LearnSection)
@@ -328,6 +346,7 @@ class KaceConfig:
     """What the solving methods (`kace.methods`) read."""
     return MethodOptions(
       best_of_n=self.best_of_n.n,
+      best_of_n_max=self.best_of_n.curve_max,
       schedule=self.schedule.schedule(),
       template=self.prompt.solver,
       kace_tree=self.kace.tree,
@@ -348,6 +367,7 @@ class MethodOptions:
 
   Attributes:
     best_of_n: samples of the best-of-N methods.
+    best_of_n_max: samples per problem of `best_of_n_curve`.
     schedule: the tiered methods' schedule.
     template: the solver prompt (with {question} and {notes}).
     kace_tree: the `kace` tree file ("" = `learn_dir`'s).
@@ -359,6 +379,7 @@ class MethodOptions:
   """
 
   best_of_n: int
+  best_of_n_max: int
   schedule: tiers.Schedule
   template: str
   kace_tree: str

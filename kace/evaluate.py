@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import math
 import os
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from kace import answers, data, methods, projection, solve, synthetic
+from kace import answers, data, methods, projection, solve, synthetic, tiers
 from kace import config as config_lib
 from lm import generators, rundir, stats
 from lm.plotting import plt  # noqa: E402
@@ -51,6 +53,19 @@ def resolve(config: config_lib.KaceConfig) -> config_lib.KaceConfig:
   )
 
 
+def _load(d: config_lib.DataConfig, tiny_solver: synthetic.TinySolverConfig, half: str) -> list[data.Problem]:
+  """Every problem of benchmark `d.name` from `d.source` (the synthetic set: its `half`)."""
+  if d.name == "synthetic":
+    return tiny_solver.problems()[half == "test"]
+  if d.name == "aime2025":
+    return data.load_aime2025(d.source or "opencompass/AIME2025")
+  if d.name == "math":
+    return data.load_math(d.source, levels=tuple(d.levels))
+  if d.name == "olymmath":
+    return data.load_olymmath(d.source, splits=tuple(d.splits))
+  raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {d.name!r}")
+
+
 def load_problems(
   data_config: config_lib.DataConfig,
   tiny_solver: synthetic.TinySolverConfig,
@@ -58,27 +73,29 @@ def load_problems(
   half: str = "test",
 ) -> list[data.Problem]:
   """The evaluation problems `data_config` names, filtered and limited as configured; `half="train"`
-  gives the other half of the split instead (what kace.learn trains on). `tiny_solver` says which
-  synthetic problems there are."""
+  gives what kace.learn trains on instead: the other part of the split, or, with `train_name`, every
+  problem of that benchmark from `train_source` (less any id the test part holds). `tiny_solver`
+  says which synthetic problems there are."""
   d = data_config
   if half not in ("train", "test"):
     raise ValueError(f"half must be 'train' or 'test', got {half!r}")
-  if d.name == "synthetic":
-    problems = tiny_solver.problems()[half == "test"]
-  elif d.name == "aime2025":
-    problems = data.load_aime2025(d.source or "opencompass/AIME2025")
-  elif d.name == "math":
-    problems = data.load_math(d.source, levels=tuple(d.levels))
-  elif d.name == "olymmath":
-    problems = data.load_olymmath(d.source, splits=tuple(d.splits))
-  else:
-    raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {d.name!r}")
+  if half == "train" and d.train_name:  # learned on other data: every problem of that set
+    other = dataclasses.replace(d, name=d.train_name, source=d.train_source, train_name="", test_fraction=0.0)
+    problems = _load(other, tiny_solver, "train")
+    if d.verifiable_only:
+      problems = data.verifiable(problems, grader)
+    test_ids = {p.id for p in load_problems(d, tiny_solver, grader, "test")}
+    return sorted((p for p in problems if p.id not in test_ids), key=lambda p: p.id)
+  problems = _load(d, tiny_solver, half)
   if d.verifiable_only:
     problems = data.verifiable(problems, grader)
   if d.test_fraction:
     problems = data.train_test_split(problems, d.test_fraction, d.split_seed)[half == "test"]
   elif half == "train" and d.name != "synthetic":
-    raise ValueError(f"training on {d.name} needs config.data.test_fraction > 0 (a train/test split)")
+    raise ValueError(
+      f"training on {d.name} needs config.data.test_fraction > 0 (a train/test split) or "
+      "config.data.train_name (learn on other data)"
+    )
   problems = sorted(problems, key=lambda p: p.id)
   return problems[: d.limit] if d.limit and half == "test" else problems
 
@@ -154,7 +171,7 @@ def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]
         method, problems, domains, solver, grader, workdir,
         batch_size=config.eval.batch_size, params=sampling, seed=config.seed,
       )  # fmt: skip
-  return report(config, problems, workdir)
+    return report(config, problems, workdir, grader.equivalent)
 
 
 def _batches(items: Sequence, size: int) -> list[Sequence]:
@@ -296,8 +313,77 @@ def method_metrics(
   }
 
 
-def report(config: config_lib.KaceConfig, problems: Sequence[data.Problem], workdir: str) -> dict:
-  """Metrics from the records on disk (for `problems` only) → metrics.json, results.md, plots."""
+CURVE = "best_of_n_curve"  # the method whose samples give the Best-of-N curve
+MAX_SUBSETS = 2000  # subsets of one size voted per problem; beyond this, a seeded sample of them
+
+
+def _subset_votes(answers_: Sequence[str | None], right: Sequence[bool], n: int, equivalent, rng) -> float:
+  """The share of size-`n` subsets of one problem's samples whose plurality vote is right.
+
+  Clusters are formed once over all samples (`tiers.cluster`); a subset's vote is the cluster with
+  the most of its samples, a tie going to the cluster that reached that count at the earliest
+  sample (as `tiers.vote` breaks it); a cluster is right when its first sample is."""
+  clusters = tiers.cluster(answers_, equivalent)
+  of = {i: k for k, c in enumerate(clusters) for i in c.members}
+  index = range(len(answers_))
+  subsets = list(itertools.combinations(index, n)) if math.comb(len(answers_), n) <= MAX_SUBSETS else [
+    tuple(sorted(rng.sample(index, n))) for _ in range(MAX_SUBSETS)
+  ]  # fmt: skip
+  wins = 0
+  for subset in subsets:
+    counts: dict[int, int] = collections.Counter()
+    reached: dict[int, int] = {}
+    for i in subset:
+      if i in of:
+        counts[of[i]] += 1
+        reached[of[i]] = i  # the sample at which the cluster reached its current count
+    if counts:
+      top = max(counts.values())
+      winner = min((k for k in counts if counts[k] == top), key=lambda k: reached[k])
+      wins += right[clusters[winner].members[0]]
+  return wins / len(subsets)
+
+
+def best_of_n_curve(
+  records: Sequence[Mapping[str, Any]], equivalent, seed: int = 0
+) -> list[dict[str, float]]:
+  """Best-of-N accuracy for N = 1 … M from one draw of M samples per problem (the `best_of_n_curve`
+  records): for each N, the mean over problems of the share of size-N subsets of its M samples whose
+  plurality vote is right — the expected accuracy of Best-of-N given those samples, without the
+  noise of picking one subset. Each sample is one solver call, so N is the mean calls."""
+  if not records:
+    return []
+  rng = random.Random(seed)
+  samples = [[x for st in r["stages"] for x in st["samples"]] for r in records]
+  m = min(len(s) for s in samples)
+  curve = []
+  for n in range(1, m + 1):
+    per = [
+      _subset_votes([x["answer"] for x in s[:m]], [x["correct"] for x in s[:m]], n, equivalent, rng)
+      for s in samples
+    ]
+    curve.append({"n": n, "mean_calls": float(n), "accuracy": float(np.mean(per))})
+  return curve
+
+
+def at_equal_calls(curve: Sequence[Mapping[str, float]], mean_calls: float) -> float | None:
+  """Best-of-N accuracy at `mean_calls`, linearly interpolated between the curve's points; None
+  outside the curve's range of calls (no extrapolation)."""
+  if not curve or not curve[0]["mean_calls"] <= mean_calls <= curve[-1]["mean_calls"]:
+    return None
+  xs, ys = [c["mean_calls"] for c in curve], [c["accuracy"] for c in curve]
+  return float(np.interp(mean_calls, xs, ys))
+
+
+def report(
+  config: config_lib.KaceConfig, problems: Sequence[data.Problem], workdir: str, equivalent=None
+) -> dict:
+  """Metrics from the records on disk (for `problems` only) → metrics.json, results.md, plots.
+
+  With `best_of_n_curve` among the methods, the Best-of-N curve is computed from its records
+  (answers grouped by `equivalent`, default: equal `answers.normalize_answer` strings) and every
+  method gets `bon_at_equal_calls` (the curve at its mean calls) and `vs_bon` (its accuracy minus
+  that)."""
   ids = {p.id for p in problems}
   records = [r for r in rundir.read_jsonl(os.path.join(workdir, RECORDS)) if r["id"] in ids]
   rates = {r["id"]: r["correct"] / r["k"] for r in rundir.read_jsonl(os.path.join(workdir, SOLVE_RATES))}
@@ -306,6 +392,13 @@ def report(config: config_lib.KaceConfig, problems: Sequence[data.Problem], work
     name: method_metrics(rs, rates, bootstrap=config.eval.bootstrap, seed=config.seed)
     for name, rs in by_method.items()
   }
+  equivalent = equivalent or (lambda a, b: answers.normalize_answer(a) == answers.normalize_answer(b))
+  curve = best_of_n_curve(by_method.get(CURVE, ()), equivalent, config.seed)
+  for m in metrics.values():
+    bon = at_equal_calls(curve, m["mean_calls"]) if m["problems"] else None
+    m.update(bon_at_equal_calls=bon, vs_bon=None if bon is None else m["accuracy"] - bon)
+  if CURVE in metrics:
+    metrics[CURVE]["curve"] = curve
   rundir.write_json(os.path.join(workdir, "metrics.json"), metrics)
   table = results_table(
     metrics,
@@ -335,11 +428,12 @@ def results_table(
     "",
     f"Accuracy with a percentile-bootstrap 95% CI ({bootstrap} resamples); calls = sampled "
     f"completions per problem; order preservation = pairwise concordance of exit tier with the solve "
-    f"rate from k={k} samples (pairs tied on either side left out).",
+    f"rate from k={k} samples (pairs tied on either side left out); vs Best-of-N = accuracy minus "
+    f"Best-of-N's at the same mean calls (linear interpolation on the {CURVE} curve; – outside it).",
     "",
     "| method | accuracy | 95% CI | mean calls | mean tokens (completion / prompt) | exit tiers "
-    "| order preservation |",
-    "|---|---|---|---|---|---|---|",
+    "| order preservation | vs Best-of-N at equal calls |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for name, m in metrics.items():
     tiers_text = " ".join(f"{t}:{c}" for t, c in m["exit_tiers"].items())
@@ -351,19 +445,35 @@ def results_table(
     lines.append(
       f"| {name} | {100 * m['accuracy']:.1f}% | [{100 * m['ci_low']:.1f}, {100 * m['ci_high']:.1f}] "
       f"| {m['mean_calls']:.2f} | {m['mean_completion_tokens']:.1f} / {m['mean_prompt_tokens']:.1f} "
-      f"| {tiers_text} | {order} |"
+      f"| {tiers_text} | {order} | {vs_bon(m)} |"
     )
+  curve = metrics.get(CURVE, {}).get("curve")
+  if curve:
+    points = ", ".join(f"N={c['n']}: {100 * c['accuracy']:.1f}%" for c in curve)
+    lines += ["", f"Best-of-N curve ({CURVE}, every subset of its samples voted): {points}."]
   return "\n".join(lines) + "\n"
 
 
+def vs_bon(m: Mapping[str, Any]) -> str:
+  """ "+3.1 pts (BoN 41.2%)": a method's accuracy against Best-of-N's at its mean calls."""
+  if m.get("vs_bon") is None:
+    return "–"
+  return f"{100 * m['vs_bon']:+.1f} pts (BoN {100 * m['bon_at_equal_calls']:.1f}%)"
+
+
 def plot_accuracy_vs_calls(panels: Mapping[str, Mapping[str, Mapping[str, Any]]], path: str) -> None:
-  """Accuracy (with its 95% CI) against mean solver calls, one point per method, one panel per
-  benchmark (`panels`: {title: {method: metrics}}; the evaluation draws one untitled panel, the
-  table one per benchmark). Methods with no problems are left out."""
+  """Accuracy (with its 95% CI) against mean solver calls, one point per method and the Best-of-N
+  curve (when `best_of_n_curve` ran), one panel per benchmark (`panels`: {title: {method: metrics}};
+  the evaluation draws one untitled panel, the table one per benchmark). Methods with no problems
+  are left out."""
   titled = any(panels)  # the table's: wider panels, smaller caps and legend
   size, capsize = ((5.5 * len(panels), 4.5), 3) if titled else ((5, 4), 4)
   fig, axes = plt.subplots(1, len(panels), figsize=size, squeeze=False)
   for ax, (title, by_method) in zip(axes[0], panels.items(), strict=True):
+    curve = by_method.get(CURVE, {}).get("curve")
+    if curve:
+      ax.plot([c["mean_calls"] for c in curve], [c["accuracy"] for c in curve], "-", color="0.6", zorder=0,
+              label=f"Best-of-N, N=1…{curve[-1]['n']}")  # fmt: skip
     for name, m in by_method.items():
       if m["problems"] and not math.isnan(m["accuracy"]):
         err = [[m["accuracy"] - m["ci_low"]], [m["ci_high"] - m["accuracy"]]]

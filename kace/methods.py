@@ -59,6 +59,14 @@ def best_of_n(options: MethodOptions) -> Method:
   return Method("best_of_n", tiers.Schedule.best_of_n(options.best_of_n), template=options.template)
 
 
+@register("best_of_n_curve")
+def best_of_n_curve(options: MethodOptions) -> Method:
+  """`options.best_of_n_max` samples without cards, once per problem: its own point is best-of-max,
+  and `kace.evaluate.best_of_n_curve` votes over every subset of its samples for N = 1 … max."""
+  schedule = tiers.Schedule.best_of_n(options.best_of_n_max)
+  return Method("best_of_n_curve", schedule, template=options.template)
+
+
 @register("tiered")
 def tiered(options: MethodOptions) -> Method:
   """Tiered self-consistency (`options.schedule`) reading no cards."""

@@ -45,7 +45,11 @@ def training_problems(config: config_lib.KaceConfig, grader: answers.Grader) -> 
 
 
 def learner(
-  config: config_lib.KaceConfig, grader: answers.Grader, embedder, distill: str = "teacher"
+  config: config_lib.KaceConfig,
+  grader: answers.Grader,
+  embedder,
+  distill: str = "teacher",
+  universal_budget: int | None = None,
 ) -> learn.Learner:
   """The roles, sampling and ADD / REFINE options every artefact's learning shares."""
   roles = config.roles
@@ -61,7 +65,29 @@ def learner(
     config=config.learn.learn_config(distill),
     template=config.prompt.solver,
     seed=config.seed,
+    domains=tuple(config.domains),
+    universal_budget=universal_budget,
   )
+
+
+def tree_start(config: config_lib.KaceConfig, artifact: str) -> tuple[cards.EpistemicTree, int]:
+  """The empty tree a tree artefact learns from, and its universal cards' budget.
+
+  Every layout gets the same total card budget: `learn.budget_tokens` per (reading tier, domain)
+  cell plus the same for the universal cards. A collapsed block stands for several cells (the
+  tier-only tree's (MS, *) for every domain's MS cell; the monolithic block for all of them), so its
+  budget is `budget_tokens` times the cells it holds; `kace`'s blocks hold one each. With the same
+  cells visited by ADD (`Learner.cells`), every layout also makes the same teacher calls, so an
+  ablation removes conditional reading, not storage or teaching.
+  """
+  layout, _ = methods.TREE_ARTIFACTS[artifact]
+  axes = {"domains": tuple(config.domains), **layout}
+  reading = learn.reading_tiers(config.schedule.schedule())
+  probe = cards.EpistemicTree(**axes)
+  cells = [(t, d) for t in reading for d in config.domains]
+  per_block = len(cells) // len({probe.resolve(t, d) for t, d in cells})
+  budget = config.learn.budget_tokens
+  return cards.EpistemicTree(**axes, budget_tokens=budget * per_block), budget
 
 
 class LazyEmbedder:
@@ -95,10 +121,10 @@ def build(
     for artifact in needed:
       target = os.path.join(workdir, artifact)
       if artifact in methods.TREE_ARTIFACTS:
-        layout, distill = methods.TREE_ARTIFACTS[artifact]
-        axes = {"domains": tuple(config.domains), **layout}
-        start = cards.EpistemicTree(**axes, budget_tokens=config.learn.budget_tokens)
-        learn.build(learner(config, grader, embedder, distill), problems, domains, target, start)
+        _, distill = methods.TREE_ARTIFACTS[artifact]
+        start, universal_budget = tree_start(config, artifact)
+        role = learner(config, grader, embedder, distill, universal_budget)
+        learn.build(role, problems, domains, target, start)
         out[artifact] = os.path.join(target, learn.TREE)
       elif artifact == "ace_playbook":
         a = config.ace
@@ -150,20 +176,26 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
   """Methods (rows, `method_names`) × benchmarks: accuracy % ± half the 95% bootstrap CI, mean
   solver calls, and the paper's reported accuracy beside ours where it reports one."""
   benches = list(results)
-  head = "| method | " + " | ".join(f"{b} (ours) | {b} (paper)" for b in benches) + " |"
+  head = "| method | " + " | ".join(f"{b} (ours) | {b} (paper) | {b} vs Best-of-N" for b in benches) + " |"
   lines = [
     "# KACE: methods × benchmarks",
     "",
     "Accuracy % ± half-width of the 95% percentile-bootstrap CI, and mean solver calls (sampled "
     "completions) per problem. Paper: the KACE paper's reported accuracy (AIME 2025 only; '~' = "
-    "reported approximately). Problems per benchmark: "
+    "reported approximately). vs Best-of-N: our accuracy minus Best-of-N's at the same mean calls, "
+    "linearly interpolated on the best_of_n_curve curve (N = 1 … 10 from one draw of 10 samples per "
+    "problem; – outside its range or without it). Problems per benchmark: "
     + ", ".join(f"{b} {max((m['problems'] for m in results[b].values()), default=0)}" for b in benches)
     + ".",
     "",
     head,
-    "|---|" + "---|---|" * len(benches),
+    "|---|" + "---|---|---|" * len(benches),
   ]
   for method in method_names:
-    cells = [f"{_cell(results[b].get(method))} | {PAPER.get(b, {}).get(method, '–')}" for b in benches]
+    cells = [
+      f"{_cell(results[b].get(method))} | {PAPER.get(b, {}).get(method, '–')} | "
+      f"{evaluate.vs_bon(results[b].get(method) or {})}"
+      for b in benches
+    ]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"

@@ -85,3 +85,15 @@ def test_generator_config_rejects_unknown_keys_and_kinds():
     generators.GeneratorConfig.from_dict(dict(mesh=dict(dp=2)))
   config = generators.GeneratorConfig.from_dict(configs.generators.generator_config(checkpoint="/x"))
   assert config.checkpoint == "/x" and config.sampler_config().max_rows == 256
+
+
+@pytest.mark.parametrize("preset", ["qwen3_4b", "openai"])
+def test_real_model_presets_think_long_and_teach_with_a_separate_model(preset):
+  typed = kace_config.KaceConfig.from_dict(configs.kace.get_config(preset))
+  s = typed.sampling
+  assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.enable_thinking) == (38912, 0.6, 0.95, 20, True)
+  for role in ("teacher", "curator"):
+    assert typed.roles.get(role) is not typed.roles.solver and typed.roles.get(role) != typed.roles.solver
+  assert typed.role_sampling.enable_thinking and typed.learn.attempt_tokens == 6144
+  assert typed.benchmark("aime2025").data.test_fraction == 0.0  # all 30 evaluated
+  assert typed.benchmark("aime2025").data.train_name == "math"

@@ -1,5 +1,7 @@
 """Metrics on hand-built records, the method registry, and a killed evaluation that resumes."""
 
+import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -7,11 +9,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import configs.kace
 from kace import config as kace_config
-from kace import evaluate, methods, synthetic
+from kace import data, evaluate, methods, synthetic, tiers
+from lm import rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -133,3 +137,83 @@ def test_a_killed_run_resumes_without_solving_anything_twice(tmp_path, tiny_chec
     "config.json",
   ):
     assert (workdir / name).exists(), name
+
+
+def _curve_record(pid, answers, right, method="best_of_n_curve"):
+  samples = [{"answer": a, "correct": c} for a, c in zip(answers, right, strict=True)]
+  return {
+    **_record(pid, "POOL", False, len(answers), 0),
+    "method": method,
+    "stages": [{"stage": "POOL", "cards": [], "samples": samples}],
+  }
+
+
+CURVE_RECORDS = [
+  _curve_record("p", ["5", "5", "7"], [True, True, False]),
+  _curve_record("q", [None, "7", "5"], [False, False, True]),
+]
+
+
+def test_best_of_n_curve_votes_every_subset_as_tiers_vote_would():
+  equal = lambda a, b: a == b
+  curve = evaluate.best_of_n_curve(CURVE_RECORDS, equal)
+  # By hand: p is right on 2 of 3 singletons, every pair (a 5-7 tie goes to the earlier 5), and the
+  # triple; q on 1 of 3 singletons, 1 of 3 pairs (the 7-5 tie goes to the earlier 7), not the triple.
+  expected = [(2 / 3 + 1 / 3) / 2, (1 + 1 / 3) / 2, (1 + 0) / 2]
+  assert [c["n"] for c in curve] == [1, 2, 3] and [c["mean_calls"] for c in curve] == [1.0, 2.0, 3.0]
+  np.testing.assert_allclose([c["accuracy"] for c in curve], expected, atol=1e-12)
+  # The same numbers from tiers.vote on every subset (the solver's own rule).
+  for c in curve:
+    per = []
+    for r in CURVE_RECORDS:
+      s = r["stages"][0]["samples"]
+      subsets = list(itertools.combinations(range(3), c["n"]))
+      wins = 0
+      for sub in subsets:
+        v = tiers.vote([s[i]["answer"] for i in sub], equal)
+        wins += v.answer is not None and any(s[i]["correct"] and s[i]["answer"] == v.answer for i in sub)
+      per.append(wins / len(subsets))
+    assert c["accuracy"] == pytest.approx(np.mean(per))
+  assert evaluate.at_equal_calls(curve, 1.5) == pytest.approx((expected[0] + expected[1]) / 2)
+  assert evaluate.at_equal_calls(curve, 3.5) is None and evaluate.at_equal_calls(curve, 0.5) is None
+
+
+def test_report_puts_every_method_against_best_of_n_at_equal_calls(tmp_path):
+  config = kace_config.KaceConfig(methods=("best_of_n_curve", "kace"))
+  config = dataclasses.replace(config, eval=kace_config.EvalSection(bootstrap=20, solve_rate_k=0))
+  kace_records = [
+    {**_curve_record("p", ["5", "5"], [True, True], "kace"), "calls": 2, "correct": True},
+    {**_curve_record("q", ["7"], [False], "kace"), "calls": 1, "correct": False},
+  ]
+  curve_records = [{**r, "correct": r["id"] == "p"} for r in CURVE_RECORDS]
+  rundir.append_jsonl(tmp_path / evaluate.RECORDS, curve_records + kace_records)
+  problems = [data.Problem(id=i, question="?", answer="5", source="t") for i in "pq"]
+  metrics = evaluate.report(config, problems, str(tmp_path))
+  bon = metrics["kace"]["bon_at_equal_calls"]
+  assert metrics["kace"]["mean_calls"] == 1.5 and bon == pytest.approx((0.5 + 2 / 3) / 2)
+  assert metrics["kace"]["vs_bon"] == pytest.approx(0.5 - bon)
+  assert metrics["best_of_n_curve"]["vs_bon"] == pytest.approx(0.0)  # its own point is on the curve
+  table = (tmp_path / "results.md").read_text()
+  assert f"| {100 * (0.5 - bon):+.1f} pts (BoN {100 * bon:.1f}%) |" in table and "N=3: 50.0%" in table
+  assert (tmp_path / "accuracy_vs_calls.png").exists()
+
+
+def test_aime_is_evaluated_whole_and_learned_on_other_data(tmp_path, grader):
+  aime, math_train = tmp_path / "aime2025.jsonl", tmp_path / "math_train.jsonl"
+  aime.write_text("".join(json.dumps({"question": f"AIME {i}?", "answer": str(i)}) + "\n" for i in range(30)))
+  rows = [
+    {"problem": f"M{i}?", "level": f"Level {lvl}", "type": "Algebra", "solution": f"\\boxed{{{i}}}"}
+    for i, lvl in enumerate([3, 4, 5, 5])
+  ]
+  math_train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  typed = kace_config.KaceConfig.from_dict(configs.kace.get_config())
+  bench = typed.benchmark("aime2025").data
+  assert (bench.test_fraction, bench.train_name) == (0.0, "math")
+  d = dataclasses.replace(bench, source=str(aime), train_source=str(math_train))
+  tiny = typed.synthetic.tiny_solver()
+  test = evaluate.load_problems(d, tiny, grader, half="test")
+  train = evaluate.load_problems(d, tiny, grader, half="train")
+  assert len(test) == 30 and {p.source for p in test} == {"AIME2025"}
+  assert sorted(p.question for p in train) == ["M1?", "M2?", "M3?"] and {p.level for p in train} == {4, 5}
+  with pytest.raises(ValueError, match="train_name"):
+    evaluate.load_problems(dataclasses.replace(d, train_name=""), tiny, grader, half="train")

@@ -1,5 +1,7 @@
 """Test doubles for learning: scripted generators (a teacher that returns this JSON, a solver that is
-right exactly when a given card is in its prompt) and a tiny random BERT in MiniLM's file layout."""
+right exactly when a given card is in its prompt, a solver whose answers are a table of (problem,
+stage, cards in the prompt)) and a tiny random BERT in MiniLM's file layout. Every role here is
+scripted, not a model: numbers measured with them show the learning rules, not a model's gains."""
 
 import itertools
 import json
@@ -10,7 +12,8 @@ import tokenizers
 from safetensors.numpy import save_file
 from tokenizers import models, normalizers, pre_tokenizers, processors
 
-from lm import generators
+from kace import solve
+from lm import generators, seeding
 
 
 def _text(prompt) -> str:
@@ -47,6 +50,32 @@ def oracle_solver(problems, key: str, poison: str = "") -> Scripted:
     return f"\\boxed{{{p.answer if right else -next(wrong)}}}"
 
   return Scripted(reply)
+
+
+class StageSolver:
+  """A scripted solver: the `n` answers it gives a problem are `rule(problem, stage, notes)`, where
+  the stage is recovered from the sampling seed (`lm.seeding.derive_seed(seed, problem id, stage)`,
+  as `kace.solve` derives it) and `notes` is the prompt's text before the question (the cards).
+  Replies depend on nothing else, so a re-solve with the same tree gives the same answers."""
+
+  def __init__(self, problems, rule, seed: int = 0):
+    self.by_question = {p.question: p for p in problems}
+    self.rule, self.seed, self.calls = rule, seed, 0
+
+  def generate(self, prompts, n=1, params=None):
+    self.calls += 1
+    out = []
+    counts = generators.per_prompt(n, len(prompts), "n")
+    per = generators.per_prompt(params, len(prompts), "params")
+    for prompt, count, par in zip(prompts, counts, per, strict=True):
+      text = _text(prompt)
+      notes, question = text.rsplit("Problem: ", 1)
+      p = self.by_question[question.strip()]
+      stage = {seeding.derive_seed(self.seed, p.id, s): s for s in solve.STAGE_ORDER}[par.seed]
+      answers = list(self.rule(p, stage, notes))
+      assert len(answers) == count, (p.id, stage, answers, count)
+      out.append([generators.Generation(f"\\boxed{{{a}}}", None, None, "stop", 10, 5) for a in answers])
+    return out
 
 
 WORDS = [

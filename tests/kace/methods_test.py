@@ -15,8 +15,8 @@ from lm import generators, rundir
 from tests.kace import learn_helpers
 
 ALL = (
-  "best_of_n", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain", "no_difficulty",
-  "raw_reflections", "llm_router", "embedding_retrieval",
+  "best_of_n", "best_of_n_curve", "tiered", "kace", "ace_playbook", "gepa", "tiered_gepa", "no_domain",
+  "no_difficulty", "raw_reflections", "llm_router", "embedding_retrieval",
 )  # fmt: skip
 PARAMS = generators.GenerationParams(max_tokens=8, temperature=0.7)
 
@@ -42,7 +42,13 @@ def _tiny_config(checkpoint, bert_dir):
   c.eval.update(solve_rate_k=0, bootstrap=50, batch_size=8)
   c.grader.workers = 1
   c.learn.update(
-    train_limit=4, retries=0, attempt_chars=40, failures_per_prompt=1, max_cards=1, embedder_dir=bert_dir
+    train_limit=4,
+    retries=0,
+    attempt_tokens=10,
+    failures_per_prompt=1,
+    max_cards=1,
+    embedder_dir=bert_dir,
+    max_sweeps=1,
   )
   c.ace.batch_size = 4
   c.gepa.max_metric_calls = 4
@@ -73,12 +79,15 @@ def test_every_method_runs_end_to_end_into_the_table(tmp_path, tiny_checkpoint, 
   # The tiny model's teacher and curator replies are not JSON: recorded with their errors, skipped.
   for artifact in ("kace", "no_domain", "no_difficulty"):
     log = list(rundir.read_jsonl(build / artifact / learn.LOG))
-    taught = [r for r in log if r["phase"] == "add" and r["failed"]]
-    assert taught and all(len(r["replies"]) == 1 == len(r["errors"]) and not r["added"] for r in taught)
+    taught = [r for r in log if r["phase"] == "add" and r["teacher_calls"]]
+    assert taught and all(len(r["replies"]) == 1 == len(r["errors"]) and not r["cards"] for r in taught)
     (refined,) = [r for r in log if r["phase"] == "refine"]
     assert len(refined["replies"]) == 1 == len(refined["errors"]) and not refined["applied"]
   for name in ("best_of_n", "gepa", "ace_playbook"):
     assert {r["calls"] for r in records if r["method"] == name} == {5}  # best-of-5 budget
+  assert {r["calls"] for r in records if r["method"] == "best_of_n_curve"} == {10}
+  curve = results["synthetic"]["best_of_n_curve"]["curve"]
+  assert [c["n"] for c in curve] == list(range(1, 11)) and "vs Best-of-N" in table
 
 
 def test_table_markdown_puts_the_papers_numbers_beside_ours():
