@@ -28,8 +28,18 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       default_max_tokens=256,
       max_n=64,
       max_prompts=64,
+      max_request_tokens=1 << 18,  # prompts x n x max_tokens per request
+      max_context_tokens=None,  # prompt + max_tokens; None: the model's max_position_embeddings
       batch_window_s=0.01,
       max_batch_prompts=256,
+      max_queued_requests=1024,  # beyond: 429 with Retry-After
+      fair_max_skips=4,
+      retry_after_s=1,
+      max_connections=2048,  # beyond: 503 with Retry-After
+      backlog=2048,
+      header_timeout_s=10.0,
+      body_timeout_s=30.0,
+      keep_alive_s=5.0,
     )
   )
   if arg == "tiny":
