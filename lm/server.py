@@ -404,10 +404,10 @@ class OpenAIServer:
 
 def _context_limit(generator: JaxGenerator, config: ServerConfig) -> int:
   """prompt + max_tokens allowed: the model's positions, or `max_context_tokens` if smaller."""
-  model_config = getattr(getattr(generator, "sampler", None), "model", None)
-  positions = getattr(getattr(model_config, "config", None), "max_position_embeddings", None)
-  limits = [x for x in (positions, config.max_context_tokens) if x is not None]
-  return min(limits) if limits else 1 << 62
+  model = getattr(getattr(generator, "sampler", None), "model", None)
+  if model is None:  # a stand-in generator without a local model: only the configured limit
+    return config.max_context_tokens or 1 << 62
+  return model.config.context_limit(config.max_context_tokens)
 
 
 async def _read_body(request: fastapi.Request, config: ServerConfig) -> bytes:
