@@ -879,6 +879,10 @@ def server_from_config(config: ml_collections.ConfigDict) -> OpenAIServer:
 
 
 def serve(config: ml_collections.ConfigDict) -> None:
-  """Serves the model of configs/serve.py until interrupted."""
+  """Serves the model of configs/serve.py until interrupted (Ctrl-C: a clean stop, exit status 0)."""
   with server_from_config(config) as server:
-    server.serve_forever()
+    try:
+      server.serve_forever()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has shut down
+      pass
+  logging.info("server stopped")
