@@ -29,7 +29,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       max_n=64,
       max_prompts=64,
       max_request_tokens=1 << 18,  # prompts x n x max_tokens per request
-      max_context_tokens=None,  # prompt + max_tokens; None: the model's max_position_embeddings
+      # prompt + max_tokens per prompt; unset (None): the model's max_position_embeddings.
+      max_context_tokens=ml_collections.config_dict.placeholder(int),
       batch_window_s=0.01,
       max_batch_prompts=256,
       max_queued_requests=1024,  # beyond: 429 with Retry-After

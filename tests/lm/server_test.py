@@ -429,3 +429,16 @@ def test_half_sent_heads_are_closed_and_short_bodies_get_408(strict_server):
   assert answer.startswith(b"HTTP/1.1 408") and b'"type": "invalid_request_error"' in answer
   idle = _raw(strict_server, b"", wait_s=10)  # connects and sends nothing
   assert idle == b"<closed>"
+
+
+def test_the_serve_config_sets_a_context_limit(tmp_path):
+  config = serve_config.get_config("tiny")
+  config.model.tokenizer = make_tiny_tokenizer(tmp_path, vocab_words=CHAT_WORDS)
+  config.server.port = 0
+  assert config.server.max_context_tokens is None  # unset: the model's positions
+  config.server.max_context_tokens = 32  # an int placeholder: settable from the command line too
+  server = server_from_config(config)
+  try:
+    assert server.context_limit == 32
+  finally:
+    server.close()
