@@ -33,6 +33,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       max_context_tokens=ml_collections.config_dict.placeholder(int),
       batch_window_s=0.01,
       max_batch_prompts=256,
+      max_batch_tokens=1 << 16,  # decode budget of a batch beyond its first request
       max_queued_requests=1024,  # beyond: 429 with Retry-After
       fair_max_skips=4,
       retry_after_s=1,

@@ -79,6 +79,9 @@ class ServerConfig:
       `max_position_embeddings` (a smaller value is always capped by it).
     batch_window_s: how long the worker waits after a request for others to batch with it.
     max_batch_prompts: the most prompts in one batch (a larger single request still runs whole).
+    max_batch_tokens: the most decode budget (sum of prompts × n × max_tokens) in one batch beyond
+      its first request: a batch cannot be interrupted, so this bounds how long a request that
+      arrives while one runs waits for the device (large requests run in separate batches).
     max_queued_requests: requests waiting for the worker beyond this get 429 with Retry-After.
     fair_max_skips: a waiting request passed over this many times leads the next batch.
     retry_after_s: the `Retry-After` sent with 429 and 503.
@@ -103,6 +106,7 @@ class ServerConfig:
   max_context_tokens: int | None = None
   batch_window_s: float = 0.01
   max_batch_prompts: int = 256
+  max_batch_tokens: int = 1 << 16
   max_queued_requests: int = 1024
   fair_max_skips: int = 4
   retry_after_s: int = 1
@@ -118,7 +122,13 @@ class ServerConfig:
         f"ServerConfig: default_max_tokens ({self.default_max_tokens}) must be in "
         f"[1, max_tokens={self.max_tokens}]"
       )
-    for name in ("max_request_tokens", "max_queued_requests", "max_connections", "backlog"):
+    for name in (
+      "max_request_tokens",
+      "max_batch_tokens",
+      "max_queued_requests",
+      "max_connections",
+      "backlog",
+    ):
       if getattr(self, name) < 1:
         raise ValueError(f"ServerConfig.{name} must be >= 1, got {getattr(self, name)}")
     if self.max_context_tokens is not None and self.max_context_tokens < 2:
@@ -808,22 +818,24 @@ class _Batcher:
 
     The lead job is the longest-waiting one passed over `fair_max_skips` times, else the cheapest
     (prompts × n × max_tokens, then arrival). Jobs join it, cheapest first, while the batch stays
-    within `max_batch_prompts` and their `max_tokens` is within 2x of the lead's, so no job waits
-    in its own batch for a decode much longer than it asked for. Every job left behind counts a skip.
+    within `max_batch_prompts` and `max_batch_tokens` and their `max_tokens` is within 2x of the
+    lead's, so no job waits in its own batch for a decode much longer than it asked for, and a job
+    arriving during a batch waits for at most one batch's budget. Every job left behind counts a skip.
     """
     by_cost = sorted(self._pending, key=lambda e: (e.job.cost, e.seq))
     starved = [e for e in self._pending if e.skipped >= self._config.fair_max_skips]
     lead = min(starved, key=lambda e: e.seq) if starved else by_cost[0]
-    batch, size = [lead], len(lead.job.prompts)
+    batch, size, cost = [lead], len(lead.job.prompts), lead.job.cost
     lead_tokens = lead.job.params.max_tokens
     for entry in by_cost:
       if entry is lead:
         continue
       tokens = entry.job.params.max_tokens
       fits = size + len(entry.job.prompts) <= self._config.max_batch_prompts
+      fits = fits and cost + entry.job.cost <= self._config.max_batch_tokens
       if fits and max(tokens, lead_tokens) <= 2 * min(tokens, lead_tokens):
         batch.append(entry)
-        size += len(entry.job.prompts)
+        size, cost = size + len(entry.job.prompts), cost + entry.job.cost
     chosen = set(map(id, batch))
     self._pending = [e for e in self._pending if id(e) not in chosen]
     for entry in self._pending:

@@ -314,6 +314,22 @@ def test_fair_batches_put_small_requests_before_and_apart_from_large_ones(genera
     starved.close()
 
 
+def test_large_requests_run_in_separate_batches_so_a_newcomer_waits_for_one(generator):
+  """Two requests each over half of `max_batch_tokens` never share a batch: a request arriving
+  while the first runs is answered before the second starts."""
+  batcher = _batcher(_FlakyGenerator(generator), max_batch_tokens=100)
+  try:
+    with batcher._cv:
+      for i, job in enumerate((_job("big a", max_tokens=16, n=4), _job("big b", max_tokens=16, n=4))):
+        batcher._pending.append(_Entry(job, None, i, 0.0))  # cost 64 each
+      assert [e.job.prompts for e in batcher._select()] == [["big a"]]
+      batcher._pending.append(_Entry(_job("newcomer", max_tokens=4), None, 2, 0.0))
+      assert [e.job.prompts for e in batcher._select()] == [["newcomer"]]
+      assert [e.job.prompts for e in batcher._select()] == [["big b"]]
+  finally:
+    batcher.close()
+
+
 def test_the_queue_is_bounded_with_429_and_retry_after(generator):
   gate = threading.Event()
   batcher = _batcher(_FlakyGenerator(generator, gate), max_queued_requests=2, retry_after_s=3)
