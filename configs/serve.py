@@ -28,7 +28,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       default_max_tokens=256,
       max_n=64,
       max_prompts=64,
-      max_request_tokens=1 << 18,  # prompts x n x max_tokens per request
+      max_request_tokens=1 << 16,  # prompts x n x max_tokens per request
       # prompt + max_tokens per prompt; unset (None): the model's max_position_embeddings.
       max_context_tokens=ml_collections.config_dict.placeholder(int),
       batch_window_s=0.01,

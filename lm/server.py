@@ -102,7 +102,7 @@ class ServerConfig:
   default_max_tokens: int = 256
   max_n: int = 64
   max_prompts: int = 64
-  max_request_tokens: int = 1 << 18
+  max_request_tokens: int = 1 << 16
   max_context_tokens: int | None = None
   batch_window_s: float = 0.01
   max_batch_prompts: int = 256
