@@ -22,6 +22,10 @@ INSTALL_REQUIRES = [
     "matplotlib==3.11.2",
     "tqdm==4.70.1",
     "pyarrow==26.0.1",  # parquet copies of MATH / AIME (kace.data)
+    "fastapi==0.165.0",  # lm.server (with starlette and pydantic)
+    "starlette==1.10.0",
+    "pydantic==2.14.4",
+    "uvicorn==0.54.0",
 ]
 
 EXTRAS = {

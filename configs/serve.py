@@ -28,8 +28,20 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       default_max_tokens=256,
       max_n=64,
       max_prompts=64,
+      max_request_tokens=1 << 16,  # prompts x n x max_tokens per request
+      # prompt + max_tokens per prompt; unset (None): the model's max_position_embeddings.
+      max_context_tokens=ml_collections.config_dict.placeholder(int),
       batch_window_s=0.01,
       max_batch_prompts=256,
+      max_batch_tokens=1 << 16,  # decode budget of a batch beyond its first request
+      max_queued_requests=1024,  # beyond: 429 with Retry-After
+      fair_max_skips=4,
+      retry_after_s=1,
+      max_connections=2048,  # beyond: 503 with Retry-After
+      backlog=2048,
+      header_timeout_s=10.0,
+      body_timeout_s=30.0,
+      keep_alive_s=5.0,
     )
   )
   if arg == "tiny":

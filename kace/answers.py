@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from lm import text as text_lib
@@ -35,51 +35,99 @@ from lm import text as text_lib
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\b\s*")
 _PHRASE_RE = re.compile(r"(?:final\s+answer|answer)\s*(?:is\b|:)\s*(?P<tail>[^\n]*)", re.IGNORECASE)
-_MATH_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+# Math spans, in the order a regex alternation `$$..$$ | $..$ | \(..\) | \[..\]` (lazy, DOTALL)
+# tries them at each position: (opener, closer).
+_MATH_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_MATH_OPENER_RE = re.compile(r"\$|\\[(\[]")
 _NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
-def _braced(text: str, start: int) -> str | None:
-  """The content of the brace group opening at `text[start]`, or None if it never closes."""
-  depth, i = 0, start
-  while i < len(text):
+_BARE_RE = re.compile(r"[^\s$]*")
+_BRACE_OR_ESCAPE_RE = re.compile(r"[\\{}]")
+
+
+def _closing_braces(text: str, start: int = 0) -> dict[int, int]:
+  r"""{index of each `{`: index of its matching `}`} for the brace groups of `text` that close.
+
+  One pass with a stack, so finding every box's content costs O(len(text)) in all; scanning from
+  each `\boxed{` to its closing brace instead is quadratic when boxes never close (a degenerate
+  sample repeating `\boxed{` 20,000 times took minutes). `\{` and `\}` are literal braces, not
+  grouping; a `{` preceded by a box command is never the second character of such a pair, so each
+  box's group is the one a scan starting at it would find. Braces before `start` (an unescaped
+  position) are not read: they cannot change which `}` closes a `{` after it.
+  """
+  closing, stack = {}, []
+  i = start
+  while (found := _BRACE_OR_ESCAPE_RE.search(text, i)) is not None:
+    i = found.start()
     ch = text[i]
     if ch == "\\":
-      i += 2  # `\{` and `\}` are literal braces, not grouping
+      i += 2
       continue
     if ch == "{":
-      depth += 1
-    elif ch == "}":
-      depth -= 1
-      if depth == 0:
-        return text[start + 1 : i]
+      stack.append(i)
+    elif stack:
+      closing[stack.pop()] = i
     i += 1
-  return None
+  return closing
 
 
 def last_boxed(text: str) -> str | None:
   r"""The content of the last complete `\boxed{...}` / `\fbox{...}` (or `\boxed 5`), else None.
 
   Braces nest; a box cut off before its closing brace (a truncated sample) is skipped in favour of
-  an earlier complete one. MATH gold answers are read with this alone.
+  an earlier complete one. MATH gold answers are read with this alone. Linear in the text length.
   """
-  for match in reversed(list(_BOX_RE.finditer(text))):
+  matches = list(_BOX_RE.finditer(text))
+  if not matches:
+    return None
+  closing = None
+  for match in reversed(matches):
     end = match.end()
     if end < len(text) and text[end] == "{":
-      content = _braced(text, end)
+      if closing is None:
+        closing = _closing_braces(text, start=matches[0].end())
+      close = closing.get(end)
+      content = text[end + 1 : close] if close is not None else None
     else:
-      content = re.match(r"[^\s$]*", text[end:]).group(0)
+      content = _BARE_RE.match(text, end).group(0)
     if content and content.strip():
       return content.strip()
   return None
 
 
+def _math_spans(text: str) -> Iterator[str]:
+  r"""The contents of the math spans of `text`, left to right, as
+  `re.finditer(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", text, re.DOTALL)` finds them.
+
+  In linear time: that regex rescans to the end of the text from every opener that never closes
+  (`\(` repeated 20,000 times took seconds); here a closer that does not occur after a position
+  is known from its last occurrence, so a failed attempt costs O(1) and a successful one reads
+  only the span it returns.
+  """
+  last = {closer: text.rfind(closer) for _, closer in _MATH_DELIMITERS}
+  i = 0
+  while (found := _MATH_OPENER_RE.search(text, i)) is not None:
+    i = found.start()
+    for opener, closer in _MATH_DELIMITERS:
+      if not text.startswith(opener, i):
+        continue
+      begin = i + len(opener)
+      if last[closer] >= begin + 1:  # a closer after at least one character of content
+        end = text.find(closer, begin + 1)
+        yield text[begin:end]
+        i = end + len(closer)
+        break
+    else:
+      i += 1
+
+
 def _clean(candidate: str) -> str | None:
   """Strips math delimiters, bold markers and trailing punctuation; keeps the right side of `x = 5`."""
   s = candidate.strip().strip("*").strip()
-  math = _MATH_RE.search(s)
-  if math:
-    s = next(g for g in math.groups() if g is not None)
+  math = next(_math_spans(s), None)
+  if math is not None:
+    s = math
   s = s.strip().rstrip(".;,").strip()
   if "=" in s and "," not in s:
     s = s.rsplit("=", 1)[1].strip()
@@ -102,7 +150,7 @@ def extract_answer(text: str) -> str | None:
   if boxed is not None:
     return boxed
   phrases = [m.group("tail") for m in _PHRASE_RE.finditer(text)]
-  maths = [next(g for g in m.groups() if g is not None) for m in _MATH_RE.finditer(text)]
+  maths = list(_math_spans(text))
   for candidate in phrases[-1:] + maths[-1:]:
     cleaned = _clean(candidate)
     if cleaned is not None:

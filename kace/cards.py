@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -395,11 +396,34 @@ class EpistemicTree:
 
   @classmethod
   def load(cls, path: str | os.PathLike, count_tokens: TokenCounter = estimate_tokens) -> EpistemicTree:
+    """Reads a saved tree, checked against its budget with `count_tokens`.
+
+    A card that alone costs more than a block's budget could never be rendered (`fit_cards` skips
+    it), so such a tree is refused, naming the card; blocks over budget only in total (e.g. loaded
+    with another token counter) are a warning naming them, since rendering drops their last cards.
+    """
     try:
       obj = rundir.read_json(path)
     except ValueError as e:
       raise TreeFormatError(f"{path}: not valid JSON ({e})") from None
-    return cls.from_json(obj, count_tokens, where=os.fspath(path))
+    tree = cls.from_json(obj, count_tokens, where=os.fspath(path))
+    for card in tree.cards:
+      cost = tree.tokens([card])
+      if cost > tree.budget_tokens:
+        raise TreeFormatError(
+          f"{path}: card {card.id} in {card.location} alone costs {cost} tokens, over the block budget "
+          f"of {tree.budget_tokens}: it could never be shown to the solver"
+        )
+    over = tree.over_budget()
+    if over:
+      logging.warning(
+        "%s: blocks %s exceed the budget of %d tokens with this token counter; their last cards will "
+        "not be rendered",
+        path,
+        ", ".join(over),
+        tree.budget_tokens,
+      )
+    return tree
 
   def to_markdown(self) -> str:
     """A readable audit: per block its cards with provenance, counters and history."""

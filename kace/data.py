@@ -198,6 +198,12 @@ def _row_id(row: Row, prefix: str) -> str:
 
 
 def _unique(problems: list[Problem], source: Any) -> list[Problem]:
+  """`problems`, checked to be non-empty (an empty benchmark would score NaN) and without repeated ids."""
+  if not problems:
+    raise DataSourceError(
+      f"{source}: no problems (the file is empty, or every row was filtered out); an evaluation "
+      "over no problems has no metrics"
+    )
   seen: set[str] = set()
   for p in problems:
     if p.id in seen:

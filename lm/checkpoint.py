@@ -24,6 +24,7 @@ coordinates the writes (each host writes its shards, the primary host the metada
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any, Literal
 
@@ -45,6 +46,10 @@ _METADATA = "metadata"
 
 class CheckpointError(RuntimeError):
   """A checkpoint exists but cannot be restored into the requested target."""
+
+
+class DamagedCheckpointError(CheckpointError):
+  """A checkpoint step's files cannot be read (truncated, zeroed, missing): an older step may."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +101,8 @@ class CheckpointManager:
     ckpt = CheckpointManager(os.path.join(workdir, "checkpoints"), CheckpointConfig(max_to_keep=2))
     params = abstract_params(nnx.eval_shape(lambda: Qwen(config, rngs=nnx.Rngs(0))), mesh)
     target = {"params": params, "opt_state": abstract_opt_state(tx, params, mesh)}
-    if ckpt.latest_step() is not None:
-      state, meta = ckpt.restore(None, target)  # meta: {"step": ..., "cursor": ...}
+    if (latest := ckpt.restore_latest(target)) is not None:  # skips a damaged newest step
+      step, state, meta = latest  # meta: {"step": ..., "cursor": ...}
     ...
     ckpt.save(step, {"params": params, "opt_state": opt_state}, {"step": step, "cursor": cursor})
     ckpt.close()  # waits for an asynchronous save
@@ -188,9 +193,9 @@ class CheckpointManager:
     try:
       saved = self._manager.item_metadata(step)[_STATE]
     except Exception as e:  # orbax raises assorted types for missing or garbled files
-      raise CheckpointError(f"cannot read the metadata of checkpoint {path}: {e}") from e
+      raise DamagedCheckpointError(f"cannot read the metadata of checkpoint {path}: {e}") from e
     if saved is None:
-      raise CheckpointError(f"checkpoint {path} has no '{_STATE}' item")
+      raise DamagedCheckpointError(f"checkpoint {path} has no '{_STATE}' item")
     _check_target(saved, abstract_state, path)
     args = ocp.args.Composite(
       **{_STATE: ocp.args.StandardRestore(abstract_state), _METADATA: ocp.args.JsonRestore()}
@@ -198,8 +203,55 @@ class CheckpointManager:
     try:
       restored = self._manager.restore(step, args=args)
     except Exception as e:
-      raise CheckpointError(f"cannot restore checkpoint {path}: {type(e).__name__}: {e}") from e
+      raise DamagedCheckpointError(f"cannot restore checkpoint {path}: {type(e).__name__}: {e}") from e
     return restored[_STATE], dict(restored[_METADATA] or {})
+
+  def restore_latest(self, abstract_state: PyTree) -> tuple[int, PyTree, dict[str, Any]] | None:
+    """(step, state, metadata) of the newest step that restores; None when there is no step.
+
+    A damaged newer step (truncated or zeroed files, a deleted manifest) does not block resuming:
+    it is renamed `<step>.damaged` (kept for inspection, and so that step can be saved again), one
+    warning names it and the error, and the next older step is tried. A step that is intact but
+    does not match `abstract_state` is an error at once (every older step would mismatch too), as
+    is having no step that restores.
+    """
+    damaged = []
+    for step in reversed(self.all_steps()):
+      try:
+        state, metadata = self.restore(step, abstract_state)
+      except DamagedCheckpointError as e:
+        damaged.append((step, e))
+        continue
+      if damaged:
+        self._set_aside([s for s, _ in damaged])
+        logging.warning(
+          "checkpoint step%s %s in %s cannot be read (%s); resumed from step %d instead and renamed "
+          "the damaged step%s to <step>.damaged",
+          "s" if len(damaged) > 1 else "",
+          ", ".join(str(s) for s, _ in damaged),
+          self.directory,
+          str(damaged[0][1]).splitlines()[0][:300],
+          step,
+          "s" if len(damaged) > 1 else "",
+        )
+      return step, state, metadata
+    if damaged:
+      steps = ", ".join(str(s) for s, _ in damaged)
+      raise DamagedCheckpointError(
+        f"no checkpoint step in {self.directory} restores (tried {steps}): {damaged[0][1]}"
+      ) from damaged[0][1]
+    return None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Renames damaged step directories out of orbax's view (digits-only names are steps)."""
+    if jax.process_index() == 0:
+      for step in steps:
+        path = os.path.join(self.directory, str(step))
+        aside, n = path + ".damaged", 1
+        while os.path.exists(aside):
+          aside, n = f"{path}.damaged.{n}", n + 1
+        os.rename(path, aside)
+    self._manager.reload()
 
   def wait_until_finished(self) -> None:
     """Blocks until an asynchronous save is finalised on disk."""

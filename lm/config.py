@@ -33,6 +33,10 @@ class ModelConfig:
     max_position_embeddings: longest sequence the checkpoint was trained for (informational).
     model_type: "qwen3" or "qwen2", written back by `save_hf`.
     bos_token_id / eos_token_ids / pad_token_id: special tokens from the checkpoint config.
+    attention_block: sequences longer than this run attention blockwise (queries in chunks of
+      this many, an online softmax over key blocks of this many), so memory grows linearly with
+      the length instead of with its square; shorter ones run the plain computation unchanged.
+      Not a property of the checkpoint (not read from or written to config.json).
   """
 
   vocab_size: int
@@ -52,6 +56,7 @@ class ModelConfig:
   bos_token_id: int | None = 151_643
   eos_token_ids: tuple[int, ...] = (151_645, 151_643)
   pad_token_id: int | None = 151_643
+  attention_block: int = 1024
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -62,6 +67,25 @@ class ModelConfig:
       raise ValueError(f"head_dim must be even for rotate-half RoPE, got {self.head_dim}")
     if self.model_type not in ("qwen2", "qwen3"):
       raise ValueError(f"model_type must be 'qwen2' or 'qwen3', got {self.model_type!r}")
+    if self.attention_block < 1:
+      raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
+
+  def context_limit(self, limit: int | None = None) -> int:
+    """Most prompt + generated tokens per sequence: the positions, or `limit` if smaller."""
+    return self.max_position_embeddings if limit is None else min(limit, self.max_position_embeddings)
+
+  def check_context(self, prompt_tokens: int, max_tokens: int, limit: int | None = None) -> None:
+    """Raises ValueError naming the limit when a prompt plus `max_tokens` does not fit.
+
+    RoPE past the trained positions gives a model text it was never trained on, and prefill and
+    cache grow with the length: callers refuse instead (the server answers 400).
+    """
+    allowed = self.context_limit(limit)
+    if prompt_tokens + max_tokens > allowed:
+      raise ValueError(
+        f"prompt of {prompt_tokens} tokens with max_tokens={max_tokens} exceeds the context limit of "
+        f"{allowed} tokens"
+      )
 
   # ---- presets -------------------------------------------------------------------------------
   @classmethod
@@ -171,7 +195,11 @@ class ModelConfig:
     if not os.path.exists(file):
       raise FileNotFoundError(f"no config.json at {file}")
     with open(file, encoding="utf-8") as f:
-      hf = json.load(f)
+      text = f.read()
+    try:
+      hf = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{file} is not valid JSON ({len(text)} chars; truncated?): {e}") from e
     return cls.from_hf_dict(hf)
 
   @classmethod

@@ -125,7 +125,7 @@ class _SafetensorsReader:
       weight_map = rundir.read_json(index)["weight_map"]
       self._file_of = {name: os.path.join(path, f) for name, f in weight_map.items()}
     elif os.path.exists(single):
-      with safe_open(single, "np") as f:
+      with _safe_open(single) as f:
         self._file_of = dict.fromkeys(f.keys(), single)
     else:
       raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
@@ -138,15 +138,29 @@ class _SafetensorsReader:
     return tuple(self._open(name).get_slice(name).get_shape())
 
   def read(self, name: str) -> np.ndarray:
-    return self._open(name).get_tensor(name)
+    try:
+      return self._open(name).get_tensor(name)
+    except (OSError, ValueError):
+      raise
+    except Exception as e:  # safetensors' own error type for a short or garbled file
+      raise ValueError(f"cannot read tensor {name} from {self._file_of[name]}: {e}") from e
 
   def _open(self, name: str):
     file = self._file_of[name]
     if file not in self._handles:
       if not os.path.exists(file):
         raise FileNotFoundError(f"checkpoint shard {file} (holding {name}) is missing")
-      self._handles[file] = safe_open(file, "np")
+      self._handles[file] = _safe_open(file)
     return self._handles[file]
+
+
+def _safe_open(file: str):
+  """`safe_open`, with an error that names the file when it is truncated or not safetensors."""
+  try:
+    return safe_open(file, "np")
+  except Exception as e:  # SafetensorError (header too short, bad JSON, sizes past the end)
+    size = os.path.getsize(file) if os.path.exists(file) else None
+    raise ValueError(f"{file} is not a readable safetensors file ({size} bytes; truncated?): {e}") from e
 
 
 def load_hf(

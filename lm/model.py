@@ -306,6 +306,93 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
   return out.reshape(b, t, n, h)
 
 
+@dataclasses.dataclass(frozen=True)
+class CausalMask:
+  """The mask of a long sequence, kept as its parts so that no [T, S] array is ever built.
+
+  Query t sits at slot `offset + t` and may attend key slot s when s <= offset + t and
+  `key_mask[b, s]`; `blockwise_attention` builds each block's mask from these.
+  """
+
+  key_mask: Array  # [B, S] bool
+  offset: Array | int = 0
+
+
+def attend(q: Array, k: Array, v: Array, mask: Array | CausalMask, block: int) -> Array:
+  """The attention of every caller (sampler prefill and decode, scoring, training).
+
+  A full mask [B, T, S] runs the plain `attention`; a `CausalMask` (what the stacks pass for
+  sequences longer than `block`) runs `blockwise_attention`.
+  """
+  if isinstance(mask, CausalMask):
+    return blockwise_attention(q, k, v, mask.key_mask, mask.offset, block=block)
+  return attention(q, k, v, mask)
+
+
+def blockwise_attention(
+  q: Array, k: Array, v: Array, key_mask: Array, offset: Array | int = 0, *, block: int
+) -> Array:
+  """`attention` in memory linear in the sequence length (the FlashAttention recurrence).
+
+  Queries are taken `block` at a time (`lax.map`), and for each chunk keys `block` at a time
+  with an online softmax (`lax.scan`): a running max, normaliser and weighted sum in float32.
+  Each query chunk is rematerialised in the backward pass, so training keeps only its inputs.
+  Masked keys get the plain path's score (`_NEG_INF`), so fully masked (padding) rows average
+  the values exactly as `attention` does; keys past S (block padding) get -inf and count for
+  nothing.
+
+  Args:
+    q: [B, T, N, H]; k, v: [B, K, S, H]; key_mask: [B, S] (True = a real key); offset: the slot
+      of query 0 (0 for a prefill or a whole sequence; a traced index is fine).
+
+  Returns:
+    [B, T, N, H] in q's dtype.
+  """
+  b, t, n, h = q.shape
+  kv_heads, s = k.shape[1], k.shape[2]
+  g = n // kv_heads
+  tq, sk = -(-t // block), -(-s // block)
+  q = jnp.pad(q.reshape(b, t, kv_heads, g, h), ((0, 0), (0, tq * block - t), (0, 0), (0, 0), (0, 0)))
+  q_chunks = q.reshape(b, tq, block, kv_heads, g, h).swapaxes(0, 1)  # [Tq, B, block, K, G, H]
+  pad_keys = ((0, 0), (0, 0), (0, sk * block - s), (0, 0))
+  k_blocks = jnp.pad(k, pad_keys).reshape(b, kv_heads, sk, block, h).transpose(2, 0, 1, 3, 4)
+  v_blocks = jnp.pad(v, pad_keys).reshape(b, kv_heads, sk, block, h).transpose(2, 0, 1, 3, 4)
+  mask_blocks = jnp.pad(key_mask.astype(bool), ((0, 0), (0, sk * block - s))).reshape(b, sk, block)
+  mask_blocks = mask_blocks.swapaxes(0, 1)  # [Sk, B, block]
+  scale = h**-0.5
+
+  @jax.checkpoint
+  def query_chunk(chunk, q_c):  # q_c [B, block, K, G, H]
+    query_slot = offset + chunk * block + jnp.arange(block)  # [block]
+
+    def key_block(carry, xs):
+      m, norm, acc = carry  # [B, K, G, block], same, [B, K, G, block, H] (float32)
+      j, k_j, v_j, km_j = xs
+      key_slot = j * block + jnp.arange(block)
+      scores = jnp.einsum("btkgh,bksh->bkgts", q_c, k_j, preferred_element_type=jnp.float32) * scale
+      allowed = (query_slot[:, None] >= key_slot[None, :])[None] & km_j[:, None, :]  # [B, block, block]
+      scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+      scores = jnp.where((key_slot < s)[None, None, None, None, :], scores, -jnp.inf)
+      m_new = jnp.maximum(m, scores.max(axis=-1))
+      correction = jnp.exp(m - m_new)
+      p = jnp.exp(scores - m_new[..., None])
+      norm = norm * correction + p.sum(axis=-1)
+      pv = jnp.einsum("bkgts,bksh->bkgth", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+      return (m_new, norm, acc * correction[..., None] + pv), None
+
+    init = (
+      jnp.full((b, kv_heads, g, block), _NEG_INF, jnp.float32),
+      jnp.zeros((b, kv_heads, g, block), jnp.float32),
+      jnp.zeros((b, kv_heads, g, block, h), jnp.float32),
+    )
+    (_, norm, acc), _ = jax.lax.scan(key_block, init, (jnp.arange(sk), k_blocks, v_blocks, mask_blocks))
+    return (acc / norm[..., None]).astype(v.dtype)  # [B, K, G, block, H]
+
+  out = jax.lax.map(lambda xs: query_chunk(*xs), (jnp.arange(tq), q_chunks))  # [Tq, B, K, G, block, H]
+  out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, tq * block, n, h)
+  return out[:, :t]
+
+
 def project(spec: str, x: Array, w: dict[str, Array], name: str, dtype: Any) -> Array:
   """`einsum(spec, x, w[name])`, plus the low-rank LoRA update when `w` holds `<name>_lora_a/_b`.
 
@@ -329,7 +416,7 @@ def decoder_layer(
   w: dict[str, Array],
   x: Array,
   positions: Array,
-  mask: Array,
+  mask: Array | CausalMask,
   kv: dict[str, Array] | None,
   cache_index: Array | int,
   dtype: Any,
@@ -363,7 +450,7 @@ def decoder_layer(
     }
     if not _is_prefill(cache_index):
       k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
-  attn = attention(q, k, v, mask)  # [B, T, N, H]
+  attn = attend(q, k, v, mask, config.attention_block)  # [B, T, N, H]
   x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
   h = rms_norm(x, w["post_norm_d"], eps)
   gate = project("btd,df->btf", h, w, "gate_df", dtype)
@@ -377,8 +464,16 @@ def _is_prefill(cache_index: Array | int) -> bool:
   return isinstance(cache_index, int) and cache_index == 0
 
 
-def _attention_mask(key_mask: Array, length: int, cache_index: Array | int) -> Array:
-  """[B, T, S]: causal over slots (query t sits at slot cache_index + t) and no padding keys."""
+def _attention_mask(
+  key_mask: Array, length: int, cache_index: Array | int, block: int | None = None
+) -> Array | CausalMask:
+  """[B, T, S]: causal over slots (query t sits at slot cache_index + t) and no padding keys.
+
+  With more than `block` queries, the same mask as a `CausalMask` (blockwise attention, no
+  [T, S] array); a decode step or a sequence within one block gets the plain [B, T, S] mask.
+  """
+  if block is not None and length > block:
+    return CausalMask(key_mask.astype(bool), cache_index)
   query_slot = jnp.arange(length) + cache_index  # [T]
   causal = query_slot[:, None] >= jnp.arange(key_mask.shape[1])[None, :]  # [T, S]
   return causal[None] & key_mask[:, None, :]
@@ -396,7 +491,7 @@ def decoder_stack(
   constrain=lambda x: x,
 ) -> Array:
   """All layers over a whole sequence with `lax.scan` over the stacked weights (training, scoring)."""
-  mask = _attention_mask(key_mask, x.shape[1], 0)
+  mask = _attention_mask(key_mask, x.shape[1], 0, config.attention_block)
 
   def body(carry, w):
     out, _ = decoder_layer(config, w, carry, positions, mask, None, 0, dtype)
@@ -427,7 +522,7 @@ def cached_decoder_stack(
   """
   length = x.shape[1]
   keys = key_mask[:, :length] if _is_prefill(cache_index) else key_mask  # see `decoder_layer`
-  mask = _attention_mask(keys, length, cache_index)
+  mask = _attention_mask(keys, length, cache_index, config.attention_block)
   new_cache = []
   for w, kv in zip(layer_weights, cache, strict=True):
     x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype)

@@ -8,7 +8,9 @@ it reads back.
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -43,8 +45,13 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> 
 
 
 def read_json(path: str | os.PathLike) -> Any:
+  """The parsed file; a truncated or garbled one is an error that names the file."""
   with open(path, encoding="utf-8") as f:
-    return json.load(f)
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ConfigFileError(f"{os.fspath(path)} is not valid JSON ({len(text)} chars): {e}") from e
 
 
 def append_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
@@ -93,17 +100,95 @@ def repair_jsonl(path: str | os.PathLike) -> int:
     return len(data) - keep
 
 
-def prepare_workdir(workdir: str | os.PathLike, config: Any) -> str:
+class ConfigFileError(ValueError):
+  """A run file that cannot be read (truncated JSON) or a config that does not match the run's."""
+
+
+# Dotted config keys (fnmatch patterns) a rerun may change without mixing two experiments in one
+# directory: how long to run and how often to log, evaluate or checkpoint, and how requests are
+# transported. Anything else (a learning rate, a temperature, a seed, data) makes results that
+# cannot be combined with the ones already there.
+SAFE_CONFIG_KEYS = (
+  "train.steps",
+  "train.progress",
+  "train.eval_every",
+  "train.checkpoint_every",
+  "train.keep_checkpoints",
+  "train.export_hf",
+  "*.max_concurrency",
+  "*.max_retries",
+  "*.timeout",
+  "grader.workers",
+)
+
+
+def prepare_workdir(
+  workdir: str | os.PathLike,
+  config: Any,
+  *,
+  allow_changes: bool = False,
+  safe_keys: tuple[str, ...] = SAFE_CONFIG_KEYS,
+) -> str:
   """Creates the run directory and saves the resolved config there as `config.json`.
 
   `config` is an `ml_collections.ConfigDict` (or anything with `to_dict()`, or a dict). An
-  existing directory is reused: runs resume from what they find in it.
+  existing directory is reused: runs resume from what they find in it, so a directory belongs to
+  one resolved config. A rerun whose config differs from the saved one in a key outside
+  `safe_keys` raises `ConfigFileError` naming every differing key, unless `allow_changes`; then
+  the old config is kept beside as `config.<n>.json` and a warning names the keys.
   """
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  write_json(os.path.join(workdir, "config.json"), as_dict)
+  as_dict = json.loads(json.dumps(as_dict, default=_json_default))  # as it reads back from disk
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    try:
+      saved = read_json(path)
+    except ConfigFileError as e:
+      if not allow_changes:
+        raise ConfigFileError(f"{e}; pass the flag that allows config changes to replace it") from e
+      saved = None
+    changed = sorted(_differences(saved, as_dict)) if isinstance(saved, dict) else ["<unreadable>"]
+    unsafe = [k for k in changed if not any(fnmatch.fnmatchcase(k, p) for p in safe_keys)]
+    if unsafe and not allow_changes:
+      raise ConfigFileError(
+        f"{workdir} holds a run of another config: {', '.join(unsafe)} differ from {path} "
+        f"(only {', '.join(safe_keys)} may change on a rerun). Use a new --workdir, or allow "
+        "config changes to resume this run under the new config."
+      )
+    if unsafe:
+      kept = _next_free(workdir)
+      with open(path, "rb") as f:
+        atomic_write_bytes(kept, f.read())
+      logging.warning(
+        "%s: config changed in %s; resuming under the new config (the old one is kept as %s)",
+        workdir,
+        ", ".join(unsafe),
+        kept,
+      )
+  write_json(path, as_dict)
   return workdir
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+  """Dotted keys whose values differ (added and removed keys included)."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    keys = sorted(set(old) | set(new))
+    return [
+      d for k in keys for d in _differences(old.get(k, _MISSING), new.get(k, _MISSING), f"{prefix}{k}.")
+    ]
+  return [] if old == new else [prefix.rstrip(".")]
+
+
+_MISSING = object()
+
+
+def _next_free(workdir: str) -> str:
+  n = 1
+  while os.path.exists(os.path.join(workdir, f"config.{n}.json")):
+    n += 1
+  return os.path.join(workdir, f"config.{n}.json")
 
 
 def _json_default(obj: Any) -> Any:

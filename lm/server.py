@@ -6,39 +6,54 @@ chat), `stop`, `seed`, `logprobs` and `chat_template_kwargs` (`enable_thinking`)
 server cannot honour (streaming, echo, penalties, logit bias, tools, alternatives in log-probs) is
 refused with a 400 naming the field rather than silently ignored.
 
-Requests are batched: HTTP threads parse and validate, then hand each request to one worker
-thread, which waits `batch_window_s` after the first request for others (or until
-`max_batch_prompts` prompts) and answers them all with one `JaxGenerator.generate` call (one
+The HTTP side is FastAPI (Starlette) on uvicorn, the stack vLLM and SGLang serve on: one asyncio
+loop holds every connection, so a thousand idle or slow clients cost sockets, not threads. Bodies
+are validated by pydantic request models (types, strictly: `true` is not an integer), then by the
+checks that depend on this server's limits, and each prompt is tokenised in its own request before
+it can join a batch, so a prompt the tokenizer rejects (a lone surrogate) is a 400 for that request
+alone, and prompts longer than the model's positions (or `max_context_tokens`) are refused.
+
+Requests are batched: a worker thread waits `batch_window_s` after a request arrives for others (or
+until `max_batch_prompts` prompts) and answers them with one `JaxGenerator.generate` call (one
 sampler call for requests sharing n, max_tokens and stop). While a batch runs, new requests queue
-up and form the next batch, so a busy server batches more.
+and form the next batch, so a busy server batches more. If a batch fails, each of its requests is
+retried alone, so one request's error is never another's. Scheduling is fair: the cheapest waiting
+request (prompts × n × max_tokens) leads the next batch and only requests of comparable length join
+it, so a few huge requests cannot hold a small one for the length of theirs; a request passed over
+`fair_max_skips` times leads the next batch whatever its size, so large ones are not starved either.
 
-Safety: it binds 127.0.0.1 unless told otherwise, checks a Bearer API key when given one, and
-limits body size (413), `max_tokens`, `n` and prompts per request (400). Errors use OpenAI's shape
-`{"error": {"message", "type", "param", "code"}}`, so the `openai` client raises its usual
-exceptions with the message.
-
-The standard library's `ThreadingHTTPServer` is enough: the device work is serialised in the
-batch worker anyway, and HTTP threads only parse JSON and wait.
+Safety: it binds 127.0.0.1 unless told otherwise, checks a Bearer API key when given one, limits
+body size (413), JSON nesting (400), `max_tokens`, `n`, prompts per request and their product
+(`max_request_tokens`, 400), gives up on clients that do not finish their headers or body in time
+(`header_timeout_s`, `body_timeout_s`: 408 or a closed connection), answers 429 with `Retry-After`
+when `max_queued_requests` are waiting and 503 with `Retry-After` past `max_connections`. Every
+error, 404 and 405 included, uses OpenAI's shape `{"error": {"message", "type", "param", "code"}}`,
+so the `openai` client raises its usual exceptions with the message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import hmac
-import http.server
+import itertools
 import json
 import logging
 import os
-import queue
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
+import fastapi
 import ml_collections
+import pydantic
+import uvicorn
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lm import generators
 from lm.generators import Generation, GenerationParams, JaxGenerator, Prompt
@@ -58,8 +73,24 @@ class ServerConfig:
     default_max_tokens: used when a request gives none.
     max_n: the most samples per prompt.
     max_prompts: the most prompts in one /v1/completions request.
+    max_request_tokens: the most prompts × n × max_tokens one request may ask for (its decode
+      budget); a larger request gets 400 instead of holding the device for minutes.
+    max_context_tokens: the most prompt + max_tokens tokens per prompt; None uses the model's
+      `max_position_embeddings` (a smaller value is always capped by it).
     batch_window_s: how long the worker waits after a request for others to batch with it.
     max_batch_prompts: the most prompts in one batch (a larger single request still runs whole).
+    max_batch_tokens: the most decode budget (sum of prompts × n × max_tokens) in one batch beyond
+      its first request: a batch cannot be interrupted, so this bounds how long a request that
+      arrives while one runs waits for the device (large requests run in separate batches).
+    max_queued_requests: requests waiting for the worker beyond this get 429 with Retry-After.
+    fair_max_skips: a waiting request passed over this many times leads the next batch.
+    retry_after_s: the `Retry-After` sent with 429 and 503.
+    max_connections: open connections beyond this are answered 503 and closed.
+    backlog: the listen backlog (connections the kernel holds before accept).
+    header_timeout_s: a connection that has not sent a whole request head within this is closed.
+    body_timeout_s: a body not received whole within this gets 408 (e.g. shorter than its
+      Content-Length).
+    keep_alive_s: an idle kept-alive connection is closed after this.
   """
 
   model_name: str = "local"
@@ -71,8 +102,19 @@ class ServerConfig:
   default_max_tokens: int = 256
   max_n: int = 64
   max_prompts: int = 64
+  max_request_tokens: int = 1 << 16
+  max_context_tokens: int | None = None
   batch_window_s: float = 0.01
   max_batch_prompts: int = 256
+  max_batch_tokens: int = 1 << 16
+  max_queued_requests: int = 1024
+  fair_max_skips: int = 4
+  retry_after_s: int = 1
+  max_connections: int = 2048
+  backlog: int = 2048
+  header_timeout_s: float = 10.0
+  body_timeout_s: float = 30.0
+  keep_alive_s: float = 5.0
 
   def __post_init__(self):
     if not 1 <= self.default_max_tokens <= self.max_tokens:
@@ -80,20 +122,47 @@ class ServerConfig:
         f"ServerConfig: default_max_tokens ({self.default_max_tokens}) must be in "
         f"[1, max_tokens={self.max_tokens}]"
       )
+    for name in (
+      "max_request_tokens",
+      "max_batch_tokens",
+      "max_queued_requests",
+      "max_connections",
+      "backlog",
+    ):
+      if getattr(self, name) < 1:
+        raise ValueError(f"ServerConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.max_context_tokens is not None and self.max_context_tokens < 2:
+      raise ValueError(f"ServerConfig.max_context_tokens must be >= 2 or None, got {self.max_context_tokens}")
 
 
 class ApiError(Exception):
   """An error answered to the client in OpenAI's error shape."""
 
-  def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+  def __init__(
+    self,
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+  ):
     super().__init__(message)
     self.status, self.message, self.param, self.code = status, message, param, code
+    self.headers = headers or {}
 
   def body(self) -> dict[str, Any]:
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(self.status, "invalid_request_error")
-    if self.status >= 500:
-      kind = "server_error"
-    return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+    return error_body(self.status, self.message, param=self.param, code=self.code)
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
+  """OpenAI's error object; `type` as OpenAI names it for the status."""
+  kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+    status, "invalid_request_error"
+  )
+  if status >= 500:
+    kind = "server_error"
+  return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +173,11 @@ class _Job:
   n: int
   params: GenerationParams
   chat: bool
+
+  @property
+  def cost(self) -> int:
+    """Decode budget: the most tokens this request can make the device generate."""
+    return len(self.prompts) * self.n * self.params.max_tokens
 
 
 # Fields clients may send but this server cannot honour, with the values that mean "not used".
@@ -119,6 +193,65 @@ _UNSUPPORTED = {
   "top_logprobs": (None, 0),
 }
 
+# Deeper JSON than this is refused before validation (a 100k-deep body must be a 400, not a 500).
+_MAX_JSON_DEPTH = 32
+
+
+class _RequestModel(pydantic.BaseModel):
+  """Fields common to both routes, typed strictly; unknown fields are kept and checked by name."""
+
+  model_config = pydantic.ConfigDict(strict=True, extra="allow")
+
+  model: str
+  n: int | None = None
+  max_tokens: int | None = None
+  temperature: float | None = None
+  top_p: float | None = None
+  top_k: int | None = None
+  seed: int | None = None
+  stop: str | list[str] | None = None
+
+
+class CompletionRequest(_RequestModel):
+  """`POST /v1/completions`; `prompt` is checked by `_prompts` (its error names token ids)."""
+
+  prompt: Any
+  logprobs: int | None = None
+
+
+class ChatCompletionRequest(_RequestModel):
+  """`POST /v1/chat/completions`; `messages` is checked by `_messages` (each error names the index)."""
+
+  messages: Any
+  max_completion_tokens: int | None = None
+  logprobs: bool | None = None
+  chat_template_kwargs: dict[str, Any] | None = None
+
+
+_EXPECTED = {
+  "int": "an integer",
+  "float": "a number",
+  "str": "a string",
+  "bool": "a boolean",
+  "dict": "an object",
+  "list": "a list",
+}
+
+
+def _validation_error(error: pydantic.ValidationError) -> ApiError:
+  """The first of pydantic's errors as a 400 naming the field, in this server's wording."""
+  first = error.errors()[0]
+  name = ".".join(str(part) for part in first["loc"][:1])
+  if first["type"] == "missing":
+    return ApiError(400, f"missing required field '{name}'", param=name)
+  expected = _EXPECTED.get(first["type"].split("_")[0], None)
+  if name == "stop":
+    return ApiError(
+      400, f"'stop' must be a non-empty string or a list of at most 16, got {first['input']!r}", param="stop"
+    )
+  message = f"'{name}' must be {expected}" if expected else f"'{name}': {first['msg']}"
+  return ApiError(400, f"{message}, got {first['input']!r}", param=name)
+
 
 class OpenAIServer:
   """Serves a `JaxGenerator` over HTTP; `start()` runs it in a background thread.
@@ -129,33 +262,57 @@ class OpenAIServer:
   def __init__(self, generator: JaxGenerator, config: ServerConfig = ServerConfig()):
     self.generator = generator
     self.config = config
-    self._batcher = _Batcher(generator, config.batch_window_s, config.max_batch_prompts)
-    self._httpd = http.server.ThreadingHTTPServer((config.host, config.port), _Handler)
-    self._httpd.app = self
+    self.context_limit = _context_limit(generator, config)
+    self._batcher = _Batcher(generator, config)
+    self.app = _make_app(self)
+    # Bound here (not by uvicorn) so `port` is known at once, also for port 0.
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    self._socket = socket.socket(family, socket.SOCK_STREAM)
+    self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    self._socket.bind((config.host, config.port))
+    self._socket.listen(config.backlog)
+    self._socket.set_inheritable(True)
+    uvicorn_config = uvicorn.Config(
+      self.app,
+      http=_protocol_class(config),
+      lifespan="off",
+      log_level="warning",
+      access_log=False,
+      backlog=config.backlog,
+      timeout_keep_alive=max(1, int(config.keep_alive_s)),
+      timeout_graceful_shutdown=1,
+    )
+    self._uvicorn = uvicorn.Server(uvicorn_config)
     self._thread: threading.Thread | None = None
 
   @property
   def port(self) -> int:
-    return self._httpd.server_address[1]
+    return self._socket.getsockname()[1]
 
   @property
   def base_url(self) -> str:
     return f"http://{self.config.host}:{self.port}/v1"
 
   def serve_forever(self) -> None:
+    """Serves in this thread until interrupted (Ctrl-C) or `close()`d."""
     logging.info("serving %r at %s", self.config.model_name, self.base_url)
-    self._httpd.serve_forever()
+    self._uvicorn.run(sockets=[self._socket])
 
   def start(self) -> OpenAIServer:
     self._thread = threading.Thread(target=self.serve_forever, name="lm.server http", daemon=True)
     self._thread.start()
+    deadline = time.monotonic() + 60
+    while not self._uvicorn.started and self._thread.is_alive() and time.monotonic() < deadline:
+      time.sleep(0.01)
+    if not self._uvicorn.started:
+      raise RuntimeError(f"the HTTP server did not start at {self.base_url}")
     return self
 
   def close(self) -> None:
+    self._uvicorn.should_exit = True
     if self._thread is not None:
-      self._httpd.shutdown()
       self._thread.join()
-    self._httpd.server_close()
+    self._socket.close()
     self._batcher.close()
 
   def __enter__(self) -> OpenAIServer:
@@ -164,48 +321,40 @@ class OpenAIServer:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  # ---- request handling (called from HTTP threads) --------------------------------------------
+  # ---- request handling --------------------------------------------------------------------------
 
-  def handle(self, method: str, path: str, headers, read_body) -> tuple[int, dict[str, Any]]:
-    """Answers one HTTP request: (status, JSON body). `read_body(limit)` returns the raw body."""
-    try:
-      self._check_auth(headers)
-      route = (method, urlsplit(path).path.rstrip("/"))
-      if route == ("GET", "/v1/models"):
-        return 200, self._models()
-      if route in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions")):
-        chat = route[1].endswith("/chat/completions")
-        job = self._parse(_json_object(read_body(self.config.max_body_bytes)), chat=chat)
-        generations = self._batcher.submit(job).result()
-        return 200, _response(job, generations, self.config.model_name, self.generator.tokenizer)
-      raise ApiError(404, f"no route {method} {urlsplit(path).path}")
-    except ApiError as e:
-      return e.status, e.body()
-    except Exception as e:
-      logging.exception("request failed")
-      return 500, ApiError(500, f"internal error: {type(e).__name__}: {e}").body()
-
-  def _check_auth(self, headers) -> None:
+  def check_auth(self, request: fastapi.Request) -> None:
     if self.config.api_key is None:
       return
-    given = headers.get("Authorization", "")
+    given = request.headers.get("authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {self.config.api_key}".encode()):
       raise ApiError(
         401, "missing or wrong API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
       )
 
-  def _models(self) -> dict[str, Any]:
+  def models(self) -> dict[str, Any]:
     entry = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "lm.server"}
     return {"object": "list", "data": [entry]}
 
-  def _parse(self, body: dict[str, Any], *, chat: bool) -> _Job:
+  async def complete(self, request: fastapi.Request, *, chat: bool) -> dict[str, Any]:
+    """Reads, validates and tokenises one request, then waits for its batch."""
+    body = _json_object(await _read_body(request, self.config))
+    job = self.parse(body, chat=chat)
+    await asyncio.get_running_loop().run_in_executor(None, self.check_prompts, job)
+    generations = await asyncio.wrap_future(self._batcher.submit(job))
+    return _response(job, generations, self.config.model_name, self.generator.tokenizer)
+
+  def parse(self, body: dict[str, Any], *, chat: bool) -> _Job:
     """Validates a request body into a `_Job`; every error names the offending field."""
-    model = _field(body, "model", str, None)
-    if model is None:
-      raise ApiError(400, "missing required field 'model'", param="model")
-    if model != self.config.model_name:
+    try:
+      request = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+    except pydantic.ValidationError as e:
+      raise _validation_error(e) from None
+    if request.model != self.config.model_name:
       raise ApiError(
-        404, f"model {model!r} is not served here (this server has {self.config.model_name!r})", param="model"
+        404,
+        f"model {request.model!r} is not served here (this server has {self.config.model_name!r})",
+        param="model",
       )
     for name, allowed in _UNSUPPORTED.items():
       if body.get(name) not in allowed:
@@ -228,7 +377,176 @@ class OpenAIServer:
       enable_thinking=_enable_thinking(body) if chat else None,
       logprobs=_logprobs(body, chat),
     )
-    return _Job(prompts, _ranged(body, "n", int, 1, 1, c.max_n), params, chat)
+    job = _Job(prompts, _ranged(body, "n", int, 1, 1, c.max_n), params, chat)
+    if job.cost > c.max_request_tokens:
+      raise ApiError(
+        400,
+        f"the request asks for up to {job.cost} tokens ({len(prompts)} prompts x n={job.n} x "
+        f"{max_tokens_field}={max_tokens}); at most {c.max_request_tokens} per request",
+        param="n" if job.n > 1 else max_tokens_field,
+      )
+    return job
+
+  def check_prompts(self, job: _Job) -> None:
+    """Tokenises every prompt of `job` alone: a prompt the tokenizer rejects, or too long for the
+    context with `max_tokens` added, is this request's 400 (before it can join a batch)."""
+    param = "messages" if job.chat else "prompt"
+    for i, prompt in enumerate(job.prompts):
+      try:
+        length = len(self.generator._encode(prompt, job.params))
+      except Exception as e:  # tokenizers raise assorted types for text they cannot encode
+        where = param if job.chat or len(job.prompts) == 1 else f"{param}[{i}]"
+        reason = ascii(str(e))[1:-1][:300]
+        raise ApiError(
+          400, f"'{where}' cannot be tokenised: {type(e).__name__}: {reason}", param=param
+        ) from None
+      if length == 0:
+        raise ApiError(400, f"'{param}' encodes to no tokens", param=param)
+      if length + job.params.max_tokens > self.context_limit:
+        raise ApiError(
+          400,
+          f"'{param}' has {length} tokens; with max_tokens={job.params.max_tokens} that exceeds the "
+          f"context limit of {self.context_limit} tokens",
+          param=param,
+          code="context_length_exceeded",
+        )
+
+
+def _context_limit(generator: JaxGenerator, config: ServerConfig) -> int:
+  """prompt + max_tokens allowed: the model's positions, or `max_context_tokens` if smaller."""
+  model = getattr(getattr(generator, "sampler", None), "model", None)
+  if model is None:  # a stand-in generator without a local model: only the configured limit
+    return config.max_context_tokens or 1 << 62
+  return model.config.context_limit(config.max_context_tokens)
+
+
+async def _read_body(request: fastapi.Request, config: ServerConfig) -> bytes:
+  """The whole body, refused early when too large (413) and given up on when slow (408)."""
+  length = request.headers.get("content-length")
+  if length is None or not length.isdigit():
+    raise ApiError(411, "the request needs a Content-Length header")
+  if int(length) > config.max_body_bytes:
+    raise ApiError(413, f"request body of {length} bytes exceeds the limit of {config.max_body_bytes} bytes")
+  try:
+    return await asyncio.wait_for(request.body(), timeout=config.body_timeout_s)
+  except TimeoutError:
+    raise ApiError(
+      408, f"the request body did not arrive within {config.body_timeout_s} s (Content-Length {length})"
+    ) from None
+
+
+class _JSONResponse(fastapi.responses.JSONResponse):
+  """UTF-8 JSON as before; text the client sent that is not valid Unicode is escaped, not a 500."""
+
+  def render(self, content: Any) -> bytes:
+    try:
+      return json.dumps(content, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+      return json.dumps(content, ensure_ascii=True).encode("ascii")
+
+
+def _error_response(error: ApiError) -> _JSONResponse:
+  return _JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _make_app(server: OpenAIServer) -> fastapi.FastAPI:
+  """The FastAPI app: three routes, and one error shape (OpenAI's) for every status."""
+  app = fastapi.FastAPI(openapi_url=None, docs_url=None, redoc_url=None, default_response_class=_JSONResponse)
+
+  @app.exception_handler(ApiError)
+  async def api_error(request, error: ApiError):
+    return _error_response(error)
+
+  @app.exception_handler(StarletteHTTPException)
+  async def http_error(request, error: StarletteHTTPException):
+    if error.status_code == 404:
+      message = f"no route {request.method} {request.url.path}"
+    elif error.status_code == 405:
+      message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+      message = str(error.detail)
+    return _error_response(ApiError(error.status_code, message, headers=dict(error.headers or {})))
+
+  @app.exception_handler(Exception)
+  async def internal_error(request, error: Exception):
+    logging.error("request failed", exc_info=error)
+    return _error_response(ApiError(500, f"internal error: {type(error).__name__}: {error}"))
+
+  @app.get("/v1/models")
+  async def models(request: fastapi.Request):
+    server.check_auth(request)
+    return server.models()
+
+  @app.post("/v1/completions")
+  async def completions(request: fastapi.Request):
+    server.check_auth(request)
+    return await server.complete(request, chat=False)
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(request: fastapi.Request):
+    server.check_auth(request)
+    return await server.complete(request, chat=True)
+
+  return app
+
+
+def _protocol_class(config: ServerConfig) -> type[H11Protocol]:
+  """uvicorn's HTTP/1.1 protocol with a deadline for each request head and a connection cap.
+
+  uvicorn times out idle kept-alive connections but not a client that opens a connection and
+  sends its head slowly or never (slowloris); this closes such a connection `header_timeout_s`
+  after it opened or after its last response, and answers connections beyond `max_connections`
+  with a 503 at once.
+  """
+  overloaded = json.dumps(error_body(503, "too many open connections; retry later")).encode()
+
+  class Protocol(H11Protocol):
+    _head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+      super().connection_made(transport)
+      if len(self.connections) > config.max_connections:
+        transport.write(
+          b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+          + f"retry-after: {config.retry_after_s}\r\ncontent-length: {len(overloaded)}\r\n".encode()
+          + b"connection: close\r\n\r\n"
+          + overloaded
+        )
+        transport.close()
+        return
+      self._arm_head_deadline()
+
+    def _arm_head_deadline(self) -> None:
+      self._cancel_head_deadline()
+      self._head_deadline = self.loop.call_later(config.header_timeout_s, self._head_timed_out)
+
+    def _cancel_head_deadline(self) -> None:
+      if self._head_deadline is not None:
+        self._head_deadline.cancel()
+        self._head_deadline = None
+
+    def _head_timed_out(self) -> None:
+      self._head_deadline = None
+      if self.cycle is None or self.cycle.response_complete:  # no request in progress
+        if not self.transport.is_closing():
+          self.transport.close()
+
+    def handle_events(self) -> None:
+      cycle = self.cycle
+      super().handle_events()
+      if self.cycle is not cycle:  # a request head arrived: the body has its own timeout
+        self._cancel_head_deadline()
+
+    def on_response_complete(self) -> None:
+      super().on_response_complete()
+      if not self.transport.is_closing():
+        self._arm_head_deadline()
+
+    def connection_lost(self, exc) -> None:
+      self._cancel_head_deadline()
+      super().connection_lost(exc)
+
+  return Protocol
 
 
 # ---- field validation ---------------------------------------------------------------------------
@@ -268,9 +586,26 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     body = json.loads(raw)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ApiError(400, f"request body is not valid JSON: {e}") from None
+  except RecursionError:
+    raise ApiError(400, f"request body is nested deeper than {_MAX_JSON_DEPTH} levels") from None
   if not isinstance(body, dict):
     raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
+  if _depth(body) > _MAX_JSON_DEPTH:
+    raise ApiError(400, f"request body is nested deeper than {_MAX_JSON_DEPTH} levels")
   return body
+
+
+def _depth(value: Any) -> int:
+  """Nesting depth of parsed JSON, without recursion (a deep body must not overflow the stack)."""
+  deepest, stack = 0, [(value, 1)]
+  while stack:
+    item, depth = stack.pop()
+    deepest = max(deepest, depth)
+    if deepest > _MAX_JSON_DEPTH:
+      return deepest
+    children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+    stack.extend((child, depth + 1) for child in children)
+  return deepest
 
 
 def _prompts(body: dict[str, Any], max_prompts: int) -> list[str]:
@@ -403,59 +738,127 @@ def _chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float]) -> dict[str
 # ---- batching -----------------------------------------------------------------------------------
 
 
-class _Batcher:
-  """One worker thread that answers queued jobs in batches with one `generate` call each."""
+@dataclasses.dataclass(eq=False)
+class _Entry:
+  """A waiting job: its future, arrival order and how often a batch has passed it over."""
 
-  def __init__(self, generator: JaxGenerator, window_s: float, max_prompts: int):
+  job: _Job
+  future: concurrent.futures.Future
+  seq: int
+  arrived: float
+  skipped: int = 0
+
+
+class _Batcher:
+  """One worker thread that answers waiting jobs in batches with one `generate` call each.
+
+  The queue is bounded (`max_queued_requests`; `submit` raises a 429 beyond it). Which jobs form
+  the next batch is `_select`'s fair rule; a failed batch is rerun one job at a time so that only
+  the jobs that fail alone get an error.
+  """
+
+  def __init__(self, generator: JaxGenerator, config: ServerConfig):
     self._generator = generator
-    self._window_s = window_s
-    self._max_prompts = max_prompts
-    self._queue: queue.Queue = queue.Queue()
+    self._config = config
+    self._pending: list[_Entry] = []
+    self._closing = False
+    self._seq = itertools.count()
+    self._cv = threading.Condition()
     self._thread = threading.Thread(target=self._loop, name="lm.server batcher", daemon=True)
     self._thread.start()
 
   def submit(self, job: _Job) -> concurrent.futures.Future:
     future = concurrent.futures.Future()
-    self._queue.put((job, future))
+    with self._cv:
+      if self._closing:
+        raise ApiError(503, "the server is shutting down", headers=self._retry_after())
+      if len(self._pending) >= self._config.max_queued_requests:
+        raise ApiError(
+          429,
+          f"{len(self._pending)} requests are already waiting; retry later",
+          code="queue_full",
+          headers=self._retry_after(),
+        )
+      self._pending.append(_Entry(job, future, next(self._seq), time.monotonic()))
+      self._cv.notify()
     return future
 
+  def _retry_after(self) -> dict[str, str]:
+    return {"Retry-After": str(self._config.retry_after_s)}
+
   def close(self) -> None:
-    self._queue.put(None)
+    with self._cv:
+      self._closing = True
+      self._cv.notify()
     self._thread.join()
 
   def _loop(self) -> None:
-    while (first := self._queue.get()) is not None:
-      batch, closing = self._collect(first)
+    while (batch := self._next_batch()) is not None:
       self._run(batch)
-      if closing:
-        return
 
-  def _collect(self, first) -> tuple[list, bool]:
-    """`first` plus what arrives within the window, up to the prompt limit; (batch, closing)."""
-    batch, size = [first], len(first[0].prompts)
-    deadline = time.monotonic() + self._window_s
-    while size < self._max_prompts:
-      try:
-        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-      except queue.Empty:
-        break
-      if item is None:
-        return batch, True
-      batch.append(item)
-      size += len(item[0].prompts)
-    return batch, False
+  def _next_batch(self) -> list[_Entry] | None:
+    """Waits for a job, then `batch_window_s` after the oldest for company; None when closed."""
+    with self._cv:
+      while not self._pending and not self._closing:
+        self._cv.wait()
+      if not self._pending:
+        return None
+      deadline = min(e.arrived for e in self._pending) + self._config.batch_window_s
+      while (
+        not self._closing and sum(len(e.job.prompts) for e in self._pending) < self._config.max_batch_prompts
+      ):
+        left = deadline - time.monotonic()
+        if left <= 0:
+          break
+        self._cv.wait(timeout=left)
+      return self._select()
 
-  def _run(self, batch: list) -> None:
-    jobs = [job for job, _ in batch]
+  def _select(self) -> list[_Entry]:
+    """Removes and returns the next batch (called holding the lock).
+
+    The lead job is the longest-waiting one passed over `fair_max_skips` times, else the cheapest
+    (prompts × n × max_tokens, then arrival). Jobs join it, cheapest first, while the batch stays
+    within `max_batch_prompts` and `max_batch_tokens` and their `max_tokens` is within 2x of the
+    lead's, so no job waits in its own batch for a decode much longer than it asked for, and a job
+    arriving during a batch waits for at most one batch's budget. Every job left behind counts a skip.
+    """
+    by_cost = sorted(self._pending, key=lambda e: (e.job.cost, e.seq))
+    starved = [e for e in self._pending if e.skipped >= self._config.fair_max_skips]
+    lead = min(starved, key=lambda e: e.seq) if starved else by_cost[0]
+    batch, size, cost = [lead], len(lead.job.prompts), lead.job.cost
+    lead_tokens = lead.job.params.max_tokens
+    for entry in by_cost:
+      if entry is lead:
+        continue
+      tokens = entry.job.params.max_tokens
+      fits = size + len(entry.job.prompts) <= self._config.max_batch_prompts
+      fits = fits and cost + entry.job.cost <= self._config.max_batch_tokens
+      if fits and max(tokens, lead_tokens) <= 2 * min(tokens, lead_tokens):
+        batch.append(entry)
+        size, cost = size + len(entry.job.prompts), cost + entry.job.cost
+    chosen = set(map(id, batch))
+    self._pending = [e for e in self._pending if id(e) not in chosen]
+    for entry in self._pending:
+      entry.skipped += 1
+    return batch
+
+  def _run(self, batch: list[_Entry]) -> None:
+    jobs = [e.job for e in batch]
     logging.info("batch of %d requests, %d prompts", len(jobs), sum(len(j.prompts) for j in jobs))
     try:
       results = self._generate(jobs)
-    except Exception as e:  # every request of the batch learns why (its HTTP thread answers 500)
-      for _, future in batch:
-        future.set_exception(e)
+    except Exception as e:
+      if len(batch) == 1:
+        logging.exception("request failed")
+        message = f"internal error: {type(e).__name__}: {ascii(str(e))[1:-1][:500]}"
+        batch[0].future.set_exception(ApiError(500, message))
+        return
+      logging.warning("a batch of %d requests failed; answering each alone", len(batch), exc_info=True)
+      for entry in batch:
+        self._run([entry])
       return
-    for (_, future), result in zip(batch, results, strict=True):
-      future.set_result(result)
+    for entry, result in zip(batch, results, strict=True):
+      entry.future.set_result(result)
 
   def _generate(self, jobs: list[_Job]) -> list[list[list[Generation]]]:
     prompts = [p for job in jobs for p in job.prompts]
@@ -469,42 +872,6 @@ class _Batcher:
       results.append(flat[start : start + len(job.prompts)])
       start += len(job.prompts)
     return results
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-  """Adapts `http.server` to `OpenAIServer.handle`; keeps connections alive like real servers."""
-
-  protocol_version = "HTTP/1.1"
-
-  def do_GET(self) -> None:
-    self._answer("GET")
-
-  def do_POST(self) -> None:
-    self._answer("POST")
-
-  def _answer(self, method: str) -> None:
-    status, body = self.server.app.handle(method, self.path, self.headers, self._read_body)
-    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    if status != 200:
-      self.close_connection = True  # an unread request body must not be taken for the next request
-    self.send_response(status)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(data)))
-    if self.close_connection:
-      self.send_header("Connection", "close")
-    self.end_headers()
-    self.wfile.write(data)
-
-  def _read_body(self, limit: int) -> bytes:
-    length = self.headers.get("Content-Length")
-    if length is None or not length.isdigit():
-      raise ApiError(411, "the request needs a Content-Length header")
-    if int(length) > limit:
-      raise ApiError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
-    return self.rfile.read(int(length))
-
-  def log_message(self, fmt: str, *args) -> None:
-    logging.debug("%s " + fmt, self.address_string(), *args)
 
 
 def server_from_config(config: ml_collections.ConfigDict) -> OpenAIServer:
@@ -524,6 +891,10 @@ def server_from_config(config: ml_collections.ConfigDict) -> OpenAIServer:
 
 
 def serve(config: ml_collections.ConfigDict) -> None:
-  """Serves the model of configs/serve.py until interrupted."""
+  """Serves the model of configs/serve.py until interrupted (Ctrl-C: a clean stop, exit status 0)."""
   with server_from_config(config) as server:
-    server.serve_forever()
+    try:
+      server.serve_forever()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has shut down
+      pass
+  logging.info("server stopped")

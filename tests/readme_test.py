@@ -12,3 +12,69 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
   assert namespace["logits"].shape == (1, 4, 256)
   assert len(namespace["out"].tokens[1][0]) <= 8
   assert (tmp_path / "tiny_qwen3_bf16" / "model.safetensors").exists()
+
+
+# Every `python -m launch...` command in README.md (code blocks and inline code) and the test that
+# runs it: as written, or at smoke size by override when the command itself runs for minutes. A
+# command no CPU test can run (a real checkpoint, a server, a GPU) says why instead. A new README
+# command without an entry fails `test_every_readme_command_is_run_by_a_test`.
+_RUNS = "tests/launch/readme_commands_test.py::"
+COMMANDS = {
+  "python -m launch.kace_eval --workdir=runs/kace_cpu":
+    "tests/kace/evaluate_test.py::test_a_killed_run_resumes_without_solving_anything_twice",
+  "python -m launch.kace_eval --config=configs/kace.py:qwen3_4b --workdir=runs/math "
+  "--config.roles.solver.checkpoint=/models/Qwen3-4B --config.data.source=/data/MATH":
+    "not CPU: a Qwen3-4B checkpoint and the MATH data",
+  "python -m launch.kace_eval --config=configs/kace.py:openai --workdir=runs/aime "
+  "--config.roles.solver.base_url=http://localhost:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B":
+    "not CPU: an OpenAI-compatible server with Qwen3-4B (the server itself: test_serve_tiny_...)",
+  "python -m launch.kace_build --workdir=runs/kace_build '--config.methods=(\"kace\",)'":
+    _RUNS + "test_kace_build_and_table_smoke_runs",
+  "python -m launch.kace_table --workdir=runs/kace_table": _RUNS + "test_kace_build_and_table_smoke_runs",
+  "python -m launch.dpa_grpo --workdir=runs/dpa_grpo":
+    _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
+  "python -m launch.dpa_grpo": _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
+  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=runs/dpa_tiny":
+    _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
+  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=/runs/4b "
+  "--config.model.checkpoint=/models/Qwen3-4B "
+  "--config.data.root=/data/tax-calc-bench/tax_calc_bench/ty24/test_data":
+    "not CPU: a Qwen3-4B checkpoint and TaxCalcBench on accelerators",
+  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_8b_grpo --workdir=/runs/8b_grpo ...":
+    "not CPU: a Qwen3-8B checkpoint on accelerators",
+  "python -m launch.theory --workdir=runs/theory": _RUNS + "test_theory_smoke_run_writes_its_figures",
+  "python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/models/Qwen3-4B":
+    _RUNS + "test_serve_tiny_answers_and_stops_on_ctrl_c",
+  "python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=DIR":
+    _RUNS + "test_sweep_over_theory_lists_one_run_per_point",
+}  # fmt: skip
+
+
+def readme_commands(text: str) -> list[str]:
+  """`python -m launch...` commands of fenced blocks (continuations joined, comments dropped) and
+  of inline code spans, whitespace normalised."""
+  found = []
+  for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+      line = line.split("  #")[0].strip()
+      if line.startswith("python -m launch"):
+        found.append(" ".join(line.split()))
+  for span in re.findall(r"`(python -m launch[^`]*)`", re.sub(r"```.*?```", "", text, flags=re.S)):
+    found.append(" ".join(span.split()))
+  return found
+
+
+def test_every_readme_command_is_run_by_a_test():
+  root = pathlib.Path(__file__).parents[1]
+  commands = readme_commands((root / "README.md").read_text())
+  assert len(commands) >= 10
+  missing = [c for c in commands if c not in COMMANDS]
+  assert not missing, f"README commands no test runs (add a smoke test and an entry in COMMANDS): {missing}"
+  stale = [c for c in COMMANDS if c not in commands]
+  assert not stale, f"COMMANDS entries no longer in the README: {stale}"
+  for command, runner in COMMANDS.items():
+    if runner.startswith("not CPU: "):
+      assert "--config=" in command and any(s in command for s in ("qwen3_", "openai")), command
+      continue
+    path, name = runner.split("::")
+    assert re.search(rf"^def {name}\(", (root / path).read_text(), re.M), f"{runner} (for {command}) is gone"

@@ -235,3 +235,59 @@ def test_kill_during_save_leaves_latest_complete_step(tmp_path):
     assert not any(".orbax-checkpoint-tmp" in p for p in os.listdir(tmp_path))  # cleaned up
     ckpt.save(partial_step, {"w": jnp.zeros((2_000_000,))}, {"step": partial_step})
     assert ckpt.latest_step() == partial_step
+
+
+def _damage(step_dir, how):
+  """Damages a saved step as a failing disk, a bad copy or a stray `rm` would."""
+  files = [os.path.join(root, name) for root, _, names in os.walk(step_dir) for name in names]
+  if how == "truncated data":
+    victims = [f for f in files if os.sep + "d" + os.sep in f]
+    for path in victims:
+      with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+  elif how == "zeroed file":
+    victims = [f for f in files if os.sep + "d" + os.sep in f]
+    for path in victims:
+      size = os.path.getsize(path)
+      with open(path, "r+b") as f:
+        f.write(b"\0" * size)
+  else:  # deleted manifest
+    victims = [f for f in files if os.path.basename(f) == "manifest.ocdbt"]
+    for path in victims:
+      os.remove(path)
+  assert victims, f"nothing to damage for {how!r} in {files}"
+
+
+@pytest.mark.parametrize("how", ["truncated data", "zeroed file", "deleted manifest"])
+def test_a_damaged_newest_step_falls_back_to_the_previous_one(tmp_path, how, caplog):
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    for step in (1, 2, 3):
+      ckpt.save(step, {"w": jnp.full((1000,), float(step))}, {"step": step})
+  _damage(tmp_path / "3", how)
+  target = checkpoint.abstract_like({"w": jnp.zeros((1000,))})
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    with pytest.raises(checkpoint.DamagedCheckpointError, match=f"{tmp_path}/3"):
+      ckpt.restore(3, target)
+    with caplog.at_level("WARNING"):
+      step, restored, metadata = ckpt.restore_latest(target)
+    assert step == 2 and metadata == {"step": 2} and float(restored["w"][0]) == 2.0
+    ours = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert len(ours) == 1 and "step 3 in" in ours[0].getMessage()
+    assert ckpt.all_steps() == [1, 2] and os.path.isdir(tmp_path / "3.damaged")
+    ckpt.save(3, {"w": jnp.full((1000,), 30.0)}, {"step": 3})  # the run goes on past it
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    assert ckpt.restore_latest(target)[0] == 3
+
+
+def test_restore_latest_without_steps_or_with_only_damaged_ones(tmp_path):
+  target = checkpoint.abstract_like({"w": jnp.zeros((10,))})
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    assert ckpt.restore_latest(target) is None
+    ckpt.save(1, {"w": jnp.ones((10,))})
+    with pytest.raises(checkpoint.CheckpointError, match="does not match") as mismatch:
+      ckpt.restore_latest(checkpoint.abstract_like({"w": jnp.zeros((11,))}))
+    assert not isinstance(mismatch.value, checkpoint.DamagedCheckpointError)  # no fallback for that
+  _damage(tmp_path / "1", "deleted manifest")
+  with checkpoint.CheckpointManager(tmp_path) as ckpt:
+    with pytest.raises(checkpoint.DamagedCheckpointError, match="no checkpoint step .* restores"):
+      ckpt.restore_latest(target)

@@ -6,7 +6,9 @@ is checked against the same `JaxGenerator` called directly.
 
 import http.client
 import json
+import socket
 import threading
+import time
 
 import numpy as np
 import openai
@@ -14,7 +16,7 @@ import pytest
 
 from configs import serve as serve_config
 from lm.generators import GenerationParams, OpenAIGenerator
-from lm.server import OpenAIServer, ServerConfig, server_from_config
+from lm.server import ApiError, OpenAIServer, ServerConfig, _Batcher, _Entry, _Job, server_from_config
 from tests.lm.generator_helpers import CHAT_WORDS, MAX_TOKENS, N, make_tiny_generator, single_token_stop
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
@@ -210,3 +212,249 @@ def test_the_serve_config_builds_a_server_that_requires_its_key(tmp_path, monkey
     assert _get(running, "/v1/models", key="wrong")[0] == 401
   with pytest.raises(ValueError, match="default_max_tokens"):
     ServerConfig(max_tokens=8, default_max_tokens=16)
+
+
+# ---- one bad request, limits, timeouts, error shapes, fair batching ------------------------------
+
+
+def test_a_prompt_the_tokenizer_rejects_fails_alone_and_its_batch_is_served(server):
+  """A lone surrogate passes JSON parsing; it must be this request's 400, not its batch's 500."""
+  bodies = [dict(_OK, prompt=f"good {i}", seed=i) for i in range(6)]
+  bodies.insert(
+    3, {"model": "tiny", "messages": [{"role": "user", "content": "bad \ud800"}], "max_tokens": 4}
+  )
+  results = [None] * len(bodies)
+  start = threading.Barrier(len(bodies))
+
+  def ask(i):
+    start.wait()
+    path = "/v1/chat/completions" if "messages" in bodies[i] else "/v1/completions"
+    results[i] = _post(server, path, json.dumps(bodies[i]).encode())
+
+  threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  statuses = [status for status, _ in results]
+  assert statuses == [200, 200, 200, 400, 200, 200, 200]
+  assert "cannot be tokenised" in results[3][1]["error"]["message"]
+  assert results[3][1]["error"]["param"] == "messages"
+
+
+class _FlakyGenerator:
+  """Fails any generate call that contains the prompt "poison"; records every call's prompts."""
+
+  def __init__(self, inner, gate=None):
+    self.inner, self.gate, self.calls = inner, gate, []
+
+  def generate(self, prompts, n=1, params=None):
+    if self.gate is not None:
+      self.gate.wait(timeout=60)
+    self.calls.append(list(prompts))
+    if "poison" in prompts:
+      raise RuntimeError("poisoned batch")
+    return self.inner.generate(prompts, n=n, params=params or GenerationParams())
+
+
+def _batcher(generator, **overrides):
+  return _Batcher(generator, ServerConfig(**{"batch_window_s": 0.2, **overrides}))
+
+
+def _job(prompt, max_tokens=MAX_TOKENS, n=N):
+  return _Job([prompt], n, GenerationParams(max_tokens=max_tokens, seed=1), False)
+
+
+def test_a_failing_batch_is_rerun_per_request_so_only_the_failing_one_errs(generator):
+  flaky = _FlakyGenerator(generator)
+  batcher = _batcher(flaky)
+  try:
+    futures = [batcher.submit(_job(p)) for p in ("a", "poison", "b")]
+    ok_a, bad, ok_b = (f.exception(timeout=120) for f in futures)
+    assert ok_a is None and ok_b is None
+    assert bad.status == 500 and "poisoned batch" in bad.message
+    assert flaky.calls[0] == ["a", "poison", "b"] and sorted(map(tuple, flaky.calls[1:])) == [
+      ("a",),
+      ("b",),
+      ("poison",),
+    ]
+  finally:
+    batcher.close()
+
+
+def test_fair_batches_put_small_requests_before_and_apart_from_large_ones(generator):
+  """A large request queued first does not lead the batch of small ones, nor join it; after
+  `fair_max_skips` passes it leads a batch anyway (no starvation)."""
+  gate = threading.Event()
+  flaky = _FlakyGenerator(generator, gate)
+  batcher = _batcher(flaky, fair_max_skips=2, batch_window_s=0.05)
+  try:
+    first = batcher.submit(_job("warm"))  # occupies the worker until the gate opens
+    time.sleep(0.3)
+    large = batcher.submit(_job("large", max_tokens=16))
+    small = [batcher.submit(_job(f"small {i}", max_tokens=4)) for i in range(3)]
+    gate.set()
+    for f in [first, large, *small]:
+      f.result(timeout=120)
+    assert flaky.calls[0] == ["warm"]
+    assert sorted(flaky.calls[1]) == ["small 0", "small 1", "small 2"]  # large did not join nor lead
+    assert flaky.calls[2] == ["large"]
+  finally:
+    batcher.close()
+  starved = _batcher(_FlakyGenerator(generator), fair_max_skips=1)
+  try:
+    with starved._cv:  # queue directly, then select as the worker would: cost order, then starvation
+      for job in (_job("large", max_tokens=16), _job("s1", max_tokens=2), _job("s2", max_tokens=2)):
+        starved._pending.append(_Entry(job, None, len(starved._pending), 0.0))
+      assert [e.job.prompts for e in starved._select()] == [["s1"], ["s2"]]
+      starved._pending.append(_Entry(_job("s3", max_tokens=2), None, 3, 0.0))  # cheaper, but newer
+      assert [e.job.prompts for e in starved._select()] == [["large"]]  # passed over once: it leads
+      assert [e.job.prompts for e in starved._select()] == [["s3"]]
+  finally:
+    starved.close()
+
+
+def test_large_requests_run_in_separate_batches_so_a_newcomer_waits_for_one(generator):
+  """Two requests each over half of `max_batch_tokens` never share a batch: a request arriving
+  while the first runs is answered before the second starts."""
+  batcher = _batcher(_FlakyGenerator(generator), max_batch_tokens=100)
+  try:
+    with batcher._cv:
+      for i, job in enumerate((_job("big a", max_tokens=16, n=4), _job("big b", max_tokens=16, n=4))):
+        batcher._pending.append(_Entry(job, None, i, 0.0))  # cost 64 each
+      assert [e.job.prompts for e in batcher._select()] == [["big a"]]
+      batcher._pending.append(_Entry(_job("newcomer", max_tokens=4), None, 2, 0.0))
+      assert [e.job.prompts for e in batcher._select()] == [["newcomer"]]
+      assert [e.job.prompts for e in batcher._select()] == [["big b"]]
+  finally:
+    batcher.close()
+
+
+def test_the_queue_is_bounded_with_429_and_retry_after(generator):
+  gate = threading.Event()
+  batcher = _batcher(_FlakyGenerator(generator, gate), max_queued_requests=2, retry_after_s=3)
+  try:
+    futures = [batcher.submit(_job("a"))]
+    time.sleep(0.5)  # the worker holds "a"; the queue is empty again
+    futures += [batcher.submit(_job("b")), batcher.submit(_job("c"))]
+    with pytest.raises(ApiError) as refused:
+      batcher.submit(_job("d"))
+    assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "3"}
+    gate.set()
+    for f in futures:
+      f.result(timeout=120)
+  finally:
+    gate.set()
+    batcher.close()
+
+
+@pytest.fixture(scope="module")
+def strict_server(generator):
+  """Small limits and short timeouts, to test them without waiting."""
+  config = ServerConfig(
+    model_name="tiny",
+    port=0,
+    max_tokens=16,
+    default_max_tokens=MAX_TOKENS,
+    max_request_tokens=64,
+    max_context_tokens=24,
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+  )
+  with OpenAIServer(generator, config).start() as running:
+    yield running
+
+
+@pytest.mark.parametrize(
+  "path, body, param, message",
+  [
+    ("/v1/completions", dict(_OK, n=8, max_tokens=16), "n", "at most 64 per request"),
+    ("/v1/completions", dict(_OK, prompt=list("abcde"), max_tokens=16), "max_tokens", "at most 64"),
+    ("/v1/completions", dict(_OK, prompt="word " * 30), "prompt", "exceeds the context limit of 24 tokens"),
+    ("/v1/completions", dict(_OK, prompt="a b c d e f g h i", max_tokens=16), "prompt", "limit of 24"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x " * 40}]},
+     "messages", "context limit of 24"),
+  ],
+)  # fmt: skip
+def test_budgets_and_the_context_limit_are_400s_naming_the_limit(strict_server, path, body, param, message):
+  status, got = _post(strict_server, path, body, key=None)
+  assert status == 400 and got["error"]["param"] == param and message in got["error"]["message"]
+
+
+def test_the_context_limit_defaults_to_the_models_positions(generator):
+  server = OpenAIServer(generator, ServerConfig(port=0))
+  try:
+    assert server.context_limit == generator.sampler.model.config.max_position_embeddings
+    assert OpenAIServer(generator, ServerConfig(port=0, max_context_tokens=100)).context_limit == 100
+  finally:
+    server._socket.close()
+    server._batcher.close()
+
+
+def test_every_status_has_the_openai_error_shape(server):
+  cases = [
+    ("GET", "/v1/completions", None, 405, "not allowed"),
+    ("DELETE", "/v1/models", None, 405, "not allowed"),
+    ("GET", "/nowhere", None, 404, "no route GET /nowhere"),
+    ("POST", "/v1/completions", b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     None, None),
+    ("POST", "/v1/completions", json.dumps(dict(_OK, prompt=[[[[["x"]]]]])).encode(), 400, "token ids"),
+  ]  # fmt: skip
+  for method, path, body, status, message in cases:
+    got_status, got = _request(server, method, path, body)
+    if status is None:  # the 100k-deep body is over the 4096-byte limit of this server: 413
+      assert got_status == 413
+    else:
+      assert got_status == status and message in got["error"]["message"]
+    assert set(got["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_deeply_nested_body_is_a_400(strict_server):
+  body = b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+  status, got = _post(strict_server, "/v1/completions", body, key=None)
+  assert status == 400 and "nested deeper than" in got["error"]["message"]
+  status, got = _post(
+    strict_server, "/v1/completions", json.dumps(dict(_OK, stop={"a": [[[[[[1]]]]]]})).encode()
+  )
+  assert status == 400
+
+
+def _raw(server, data: bytes, *, wait_s: float) -> bytes:
+  """Sends raw bytes, then reads until the server closes or `wait_s` passes."""
+  sock = socket.create_connection(("127.0.0.1", server.port), timeout=wait_s)
+  try:
+    sock.sendall(data)
+    received, deadline = b"", time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+      try:
+        chunk = sock.recv(65536)
+      except (TimeoutError, ConnectionResetError):
+        break
+      if not chunk:
+        return received + b"<closed>"
+      received += chunk
+    return received
+  finally:
+    sock.close()
+
+
+def test_half_sent_heads_are_closed_and_short_bodies_get_408(strict_server):
+  assert _raw(strict_server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", wait_s=10).endswith(b"<closed>")
+  short = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model":'
+  answer = _raw(strict_server, short, wait_s=10)
+  assert answer.startswith(b"HTTP/1.1 408") and b'"type": "invalid_request_error"' in answer
+  idle = _raw(strict_server, b"", wait_s=10)  # connects and sends nothing
+  assert idle == b"<closed>"
+
+
+def test_the_serve_config_sets_a_context_limit(tmp_path):
+  config = serve_config.get_config("tiny")
+  config.model.tokenizer = make_tiny_tokenizer(tmp_path, vocab_words=CHAT_WORDS)
+  config.server.port = 0
+  assert config.server.max_context_tokens is None  # unset: the model's positions
+  config.server.max_context_tokens = 32  # an int placeholder: settable from the command line too
+  server = server_from_config(config)
+  try:
+    assert server.context_limit == 32
+  finally:
+    server.close()

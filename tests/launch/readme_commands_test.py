@@ -1,0 +1,136 @@
+"""The README's CPU commands, run as written (or at smoke size by override) in subprocesses.
+
+`tests/readme_test.py` maps every `python -m launch...` command of the README to the test that
+runs it; these are the ones no other test ran. Each takes seconds to a minute on 2 cores.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.lm.generator_helpers import CHAT_WORDS
+from tests.lm.tokenizer_helpers import make_tiny_tokenizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _env():
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+
+
+def _run(args, timeout):
+  done = subprocess.run(
+    [sys.executable, "-m", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done
+
+
+def test_dpa_grpo_tiny_smoke_run_writes_its_report(tmp_path):
+  """`python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=...` exactly as the
+  README shows it (it once failed at the report: a Wilson upper bound below the point estimate)."""
+  workdir = tmp_path / "dpa_tiny"
+  _run(["launch.dpa_grpo", "--config=configs/dpa_grpo.py:tiny", f"--workdir={workdir}"], timeout=900)
+  report = (workdir / "report.md").read_text()
+  assert report.startswith("# DPA-GRPO experiment report") and "accuracy" in report
+  assert (workdir / "figures" / "per_line_accuracy.png").stat().st_size > 1000
+
+
+def test_theory_smoke_run_writes_its_figures(tmp_path):
+  """`python -m launch.theory --workdir=...` at the smoke preset."""
+  _run(["launch.theory", "--config=configs/theory.py:smoke", f"--workdir={tmp_path}"], timeout=600)
+  numbers = json.loads((tmp_path / "theory.json").read_text())
+  assert numbers and (tmp_path / "phase_portrait.png").stat().st_size > 1000
+
+
+def test_sweep_over_theory_lists_one_run_per_point(tmp_path):
+  """`python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=DIR`, as
+  a dry run (its points are `launch.theory` runs, tested above; nine full ones take minutes)."""
+  args = ["launch.sweep", "--config=configs/theory.py", "--launcher=launch.theory", f"--workdir={tmp_path}"]
+  done = _run([*args, "--dry_run"], timeout=300)
+  points = [line for line in done.stdout.splitlines() if "launch.theory" in line]
+  assert len(points) == 9 and all("--config.loss.beta=" in p for p in points)
+
+
+def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):
+  """`python -m launch.serve --config=configs/serve.py ...` with the tiny preset (the README's
+  checkpoint is a real Qwen3): it listens, answers a completion, and exits cleanly on SIGINT."""
+  tokenizer = make_tiny_tokenizer(tmp_path, vocab_words=CHAT_WORDS)
+  command = [
+    sys.executable, "-m", "launch.serve", "--config=configs/serve.py:tiny",
+    f"--config.model.tokenizer={tokenizer}", "--config.server.port=0",
+  ]  # fmt: skip
+  server = subprocess.Popen(command, cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True)
+  try:
+    base_url, deadline = None, time.time() + 300
+    while base_url is None and time.time() < deadline:
+      line = server.stderr.readline()
+      assert line or server.poll() is None, "the server exited before listening"
+      found = re.search(r"serving 'local' at (http://\S+/v1)", line)
+      base_url = found and found.group(1)
+    assert base_url, "the server never said where it listens"
+    with urllib.request.urlopen(f"{base_url}/models", timeout=60) as response:
+      assert json.loads(response.read())["data"][0]["id"] == "local"
+    body = json.dumps({"model": "local", "prompt": "hello", "max_tokens": 4, "seed": 0}).encode()
+    request = urllib.request.Request(
+      f"{base_url}/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+      answer = json.loads(response.read())
+    assert answer["usage"]["completion_tokens"] >= 1
+    server.send_signal(signal.SIGINT)
+    assert server.wait(timeout=60) == 0
+  finally:
+    if server.poll() is None:
+      server.kill()
+      server.wait()
+
+
+def _kace_smoke_overrides(tmp_path):
+  """configs/kace.py shrunk as tests/kace/methods_test.py does: a random tiny solver checkpoint
+  (no solver training), two problems, a few tokens, one grader worker."""
+  from flax import nnx
+
+  import lm
+  from lm.config import ModelConfig
+  from lm.tokenizer import load_tokenizer
+  from tests.kace.learn_helpers import tiny_bert
+
+  checkpoint = make_tiny_tokenizer(tmp_path / "solver")
+  model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=load_tokenizer(checkpoint).vocab_size), rngs=nnx.Rngs(0))
+  lm.save_hf(model, checkpoint)
+  bert = tiny_bert(str(tmp_path / "bert"))
+  return [
+    "--config.synthetic.build_solver=False", "--config.synthetic.per_cell=2",
+    "--config.synthetic.test_per_cell=1",
+    f"--config.roles.solver.checkpoint={checkpoint}", "--config.roles.solver.dtype=float32",
+    "--config.roles.solver.sampler.min_prompt_bucket=256", "--config.roles.solver.sampler.step_bucket=8",
+    "--config.sampling.max_tokens=6", "--config.role_sampling.max_tokens=8", "--config.data.limit=2",
+    "--config.eval.solve_rate_k=0", "--config.eval.bootstrap=50", "--config.eval.batch_size=8",
+    "--config.grader.workers=1", "--config.learn.train_limit=4", "--config.learn.retries=0",
+    "--config.learn.attempt_chars=40", "--config.learn.failures_per_prompt=1", "--config.learn.max_cards=1",
+    f"--config.learn.embedder_dir={bert}", f"--config.retrieval.model_dir={bert}",
+  ]  # fmt: skip
+
+
+def test_kace_build_and_table_smoke_runs(tmp_path):
+  """`python -m launch.kace_build --workdir=... '--config.methods=("kace",)'` and
+  `python -m launch.kace_table --workdir=...`, at smoke size."""
+  overrides = _kace_smoke_overrides(tmp_path)
+  build = tmp_path / "kace_build"
+  _run(["launch.kace_build", f"--workdir={build}", '--config.methods=("kace",)', *overrides], timeout=900)
+  assert (build / "kace" / "tree.json").exists()
+  table = tmp_path / "kace_table"
+  done = _run(
+    ["launch.kace_table", f"--workdir={table}", '--config.table.methods=("tiered",)', *overrides], 900
+  )
+  assert "| tiered |" in done.stdout and (table / "table.md").exists()

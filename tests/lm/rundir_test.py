@@ -1,0 +1,90 @@
+"""lm.rundir: a run directory belongs to one resolved config; truncated run files name themselves."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import theory as theory_config
+from lm import rundir
+
+
+def _config(**train):
+  return ml_collections.ConfigDict(
+    dict(
+      seed=0,
+      optim=dict(lr=0.01),
+      train=dict(steps=6, progress=True, **train),
+      roles=dict(solver=dict(timeout=60)),
+    )
+  )
+
+
+def test_a_rerun_with_the_same_config_or_safe_changes_resumes(tmp_path):
+  rundir.prepare_workdir(tmp_path, _config())
+  rundir.prepare_workdir(tmp_path, _config())
+  changed = _config()
+  changed.train.steps, changed.train.progress, changed.roles.solver.timeout = 12, False, 600
+  rundir.prepare_workdir(tmp_path, changed)
+  assert rundir.read_json(tmp_path / "config.json")["train"]["steps"] == 12
+  assert sorted(os.listdir(tmp_path)) == ["config.json"]
+
+
+def test_a_rerun_with_another_config_stops_naming_the_keys(tmp_path):
+  rundir.prepare_workdir(tmp_path, _config())
+  changed = _config(eval_every=5, batch=4)  # a new key counts as a difference; eval_every is safe
+  changed.optim.lr, changed.seed = 0.5, 1
+  with pytest.raises(rundir.ConfigFileError, match=r"optim\.lr, seed, train\.batch differ") as e:
+    rundir.prepare_workdir(tmp_path, changed)
+  assert "train.steps" in str(e.value)  # the safe keys are listed
+  assert rundir.read_json(tmp_path / "config.json")["optim"]["lr"] == 0.01  # left as it was
+
+
+def test_allowed_changes_keep_the_old_config_beside_and_warn(tmp_path, caplog):
+  rundir.prepare_workdir(tmp_path, _config())
+  for lr in (0.5, 0.7):
+    changed = _config()
+    changed.optim.lr = lr
+    with caplog.at_level(logging.WARNING):
+      rundir.prepare_workdir(tmp_path, changed, allow_changes=True)
+  assert rundir.read_json(tmp_path / "config.json")["optim"]["lr"] == 0.7
+  assert rundir.read_json(tmp_path / "config.1.json")["optim"]["lr"] == 0.01
+  assert rundir.read_json(tmp_path / "config.2.json")["optim"]["lr"] == 0.5
+  assert sum("optim.lr" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_truncated_config_json_is_an_error_naming_the_file(tmp_path):
+  rundir.prepare_workdir(tmp_path, _config())
+  path = tmp_path / "config.json"
+  path.write_text(path.read_text()[:20])
+  with pytest.raises(rundir.ConfigFileError, match=str(path)):
+    rundir.read_json(path)
+  with pytest.raises(rundir.ConfigFileError, match=str(path)):
+    rundir.prepare_workdir(tmp_path, _config())
+  rundir.prepare_workdir(tmp_path, _config(), allow_changes=True)
+  assert rundir.read_json(path) == json.loads(json.dumps(_config().to_dict()))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_launcher_refuses_a_workdir_of_another_config(tmp_path):
+  """`launch.theory` rerun with another β stops before computing anything, naming the key."""
+  old = theory_config.get_config("smoke")
+  old.loss.beta = 0.2
+  rundir.prepare_workdir(tmp_path, old)
+  command = [
+    sys.executable,
+    "-m",
+    "launch.theory",
+    "--config=configs/theory.py:smoke",
+    f"--workdir={tmp_path}",
+  ]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+  assert result.returncode != 0
+  assert "loss.beta differ" in result.stderr
+  assert sorted(os.listdir(tmp_path)) == ["config.json"]  # nothing was computed
