@@ -26,7 +26,7 @@ COMMANDS = {
   "--config.roles.solver.checkpoint=/models/Qwen3-4B --config.data.source=/data/MATH":
     "not CPU: a Qwen3-4B checkpoint and the MATH data",
   "python -m launch.kace_eval --config=configs/kace.py:openai --workdir=runs/aime "
-  "--config.roles.solver.base_url=http://localhost:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B":
+  "--config.roles.solver.base_url=http://localhost:8000/v1 --config.data.source=/data/aime2025.jsonl":
     "not CPU: an OpenAI-compatible server with Qwen3-4B (the server itself: test_serve_tiny_...)",
   "python -m launch.kace_build --workdir=runs/kace_build '--config.methods=(\"kace\",)'":
     _RUNS + "test_kace_build_and_table_smoke_runs",
