@@ -157,7 +157,7 @@ class JaxGenerator:
     self.sampler = Sampler(model, tokenizer=tokenizer, mesh=mesh, config=sampler_config or SamplerConfig())
     self.sampler_calls = 0
 
-  def _encode(self, prompt: Prompt, params: GenerationParams) -> list[int]:
+  def encode(self, prompt: Prompt, params: GenerationParams) -> list[int]:
     """The prompt's token ids: raw text as is, a conversation through the chat template."""
     if isinstance(prompt, str):
       return self.tokenizer.encode(prompt)
@@ -171,10 +171,15 @@ class JaxGenerator:
   ) -> list[list[Generation]]:
     ns = per_prompt(n, len(prompts), "n")
     ps = per_prompt(params, len(prompts), "params")
-    ids = [self._encode(p, q) for p, q in zip(prompts, ps, strict=True)]
+    ids = [self.encode(p, q) for p, q in zip(prompts, ps, strict=True)]
     empty = [i for i, x in enumerate(ids) if not x]
     if empty:
       raise ValueError(f"prompts {empty} encode to no tokens")
+    for i, (x, q) in enumerate(zip(ids, ps, strict=True)):
+      try:  # positions past the model's are text it never saw: refuse, as the server does (400)
+        self.sampler.model.config.check_context(len(x), q.max_tokens)
+      except ValueError as e:
+        raise ValueError(f"prompt {i}: {e}") from None
     # seed None means fresh randomness, as with an OpenAI server.
     seeds = [secrets.randbits(32) if q.seed is None else q.seed for q in ps]
     groups = collections.defaultdict(list)

@@ -393,7 +393,7 @@ class OpenAIServer:
     param = "messages" if job.chat else "prompt"
     for i, prompt in enumerate(job.prompts):
       try:
-        length = len(self.generator._encode(prompt, job.params))
+        length = len(self.generator.encode(prompt, job.params))
       except Exception as e:  # tokenizers raise assorted types for text they cannot encode
         where = param if job.chat or len(job.prompts) == 1 else f"{param}[{i}]"
         reason = ascii(str(e))[1:-1][:300]

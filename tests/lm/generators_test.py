@@ -322,3 +322,13 @@ def test_make_generator_openai_and_errors(monkeypatch):
     generators.make_generator(generators.default_config(kind="jax"))
   with pytest.raises(FileNotFoundError):
     generators.make_generator(generators.default_config(kind="jax", checkpoint=os.devnull + "/missing"))
+
+
+def test_jax_generator_refuses_a_prompt_past_the_context(generator):
+  limit = generator.sampler.model.config.max_position_embeddings
+  calls = generator.sampler_calls
+  with pytest.raises(ValueError, match=r"prompt 1: .*exceeds the context limit"):
+    generator.generate(
+      ["hi", "hello there"], params=[GenerationParams(max_tokens=4), GenerationParams(max_tokens=limit)]
+    )
+  assert generator.sampler_calls == calls  # refused before any sampling
