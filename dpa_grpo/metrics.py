@@ -30,7 +30,7 @@ def per_line(units_or_groups, flag: str) -> dict[str, dict[str, float]]:
 def game_metrics(units: Sequence[rollout.Unit]) -> dict[str, Any]:
   """Accuracies, SAC / revise rates, invalid replies and the 8-case table of played units."""
   n = len(units)
-  challenged = [u for u in units if u.verifier.action == game.SAC_ACTION]
+  challenged = [u for u in units if u.challenged]
   pre = sum(u.x_right for u in units)
   post = sum(u.submitted_right for u in units)
   return {
@@ -40,8 +40,8 @@ def game_metrics(units: Sequence[rollout.Unit]) -> dict[str, Any]:
     "pre_revision_accuracy_ci": stats.wilson_interval(pre, n),
     "sac_rate": len(challenged) / n,
     "revise_rate": sum(u.generator_action == game.REVISE for u in challenged) / max(len(challenged), 1),
-    "invalid_verdicts": sum(not u.verifier.valid for u in units),
-    "invalid_decisions": sum(not u.decision.valid for u in challenged),
+    "invalid_verdicts": sum(not u.verdict.parsed.valid for u in units),
+    "invalid_decisions": sum(not u.decision.parsed.valid for u in challenged),
     "units": n,
     "cases": game.case_table(u.case for u in units),
     "per_line_post": per_line(units, "submitted_right"),

@@ -51,28 +51,33 @@ def dpa_items(
   items: dict[str, list[Item]] = {"verifier": [], "generator": []}
   for u in units:
     sx = float(u.x_right)
+    verify_ids = u.verdict.prompt_ids
     items["verifier"].append(
-      Item(prompt=u.prompt_ids["verify"], completions=verdict_pair, rewards=(sx, 1.0 - sx), component=0)
+      Item(prompt=verify_ids, completions=verdict_pair, rewards=(sx, 1.0 - sx), component=0)
     )
-    if penalty > 0 and not u.verifier.valid:
+    if penalty > 0 and not u.verdict.parsed.valid:
       items["verifier"].append(
-        Item(prompt=u.prompt_ids["verify"], completions=(u.verifier_reply.tokens, ()), penalty=(penalty, 0.0))
+        Item(prompt=verify_ids, completions=(u.verdict.reply.tokens, ()), penalty=(penalty, 0.0))
       )
-    if u.verifier.action != game.SAC_ACTION:
+    if not u.challenged:
       continue
     sz = float(u.z_right)
+    decide_ids = u.decision.prompt_ids
     items["generator"].append(
-      Item(prompt=u.prompt_ids["decide"], completions=decision_pair, rewards=(sx, sz), component=0)
+      Item(prompt=decide_ids, completions=decision_pair, rewards=(sx, sz), component=0)
     )
     if proposal_weight > 0:
       items["generator"].append(
         Item(
-          prompt=u.prompt_ids["draft"], completions=(u.x.tokens, u.z.tokens), rewards=(sx, sz), component=1
+          prompt=u.draft.prompt_ids,
+          completions=(u.draft.x.tokens, u.revision.z.tokens),
+          rewards=(sx, sz),
+          component=1,
         )
       )
-    if penalty > 0 and not u.decision.valid:
+    if penalty > 0 and not u.decision.parsed.valid:
       items["generator"].append(
-        Item(prompt=u.prompt_ids["decide"], completions=(u.decision_reply.tokens, ()), penalty=(penalty, 0.0))
+        Item(prompt=decide_ids, completions=(u.decision.reply.tokens, ()), penalty=(penalty, 0.0))
       )
   return items
 
