@@ -35,7 +35,8 @@ from dpa_grpo.envs import taxcalc  # noqa: E402
 from lm import rundir, stats  # noqa: E402
 from lm.plotting import plt  # noqa: E402
 
-# REFERENCE.md §1: post-revision accuracy (DPA-GRPO) or line accuracy (the rest) on TaxCalcBench TY24.
+# The DPA-GRPO paper's results table: post-revision accuracy (DPA-GRPO) or line accuracy (the rest)
+# on TaxCalcBench TY24.
 PAPER = {
   "Qwen3-4B": {"zero_shot": 0.414, "grpo": 0.520, "dapo": 0.467, "gspo": 0.461, "dpa_grpo": 0.533},
   "Qwen3-8B": {"zero_shot": 0.533, "grpo": 0.539, "dapo": 0.553, "gspo": 0.520, "dpa_grpo": 0.572},

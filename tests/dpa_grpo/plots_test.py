@@ -3,12 +3,15 @@
 import os
 
 import numpy as np
+import pytest
 
 from configs import theory as theory_config
 from dpa_grpo import plots
 from lm import rundir
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_run_theory_and_sweep_summary(tmp_path):
   config = theory_config.get_config("smoke")
   config.loss.kl, config.loss.beta = "k3", 0.2

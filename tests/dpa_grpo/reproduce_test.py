@@ -83,6 +83,8 @@ def test_estimate_game_reads_the_sampled_policy_not_exploration():
   assert cases.count("5a") == 2 and cases.count("5b") == 1 and cases.count("6b") == 3  # forced: still 6b
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_reproduce_end_to_end_writes_the_report(tmp_path):
   config = dpa_config.get_config("tiny")
   config.rollout.lines = ("1a",)

@@ -22,6 +22,8 @@ from dpa_grpo.config import ExperimentConfig
 from lm import checkpoint as ckpt_lib
 from lm import rundir
 
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # tiny end-to-end runs, one in a subprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
 OVERRIDES = {
