@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dpa_grpo import losses, rollout
+from dpa_grpo import game, losses, rollout
 from dpa_grpo.envs import taxcalc
 from lm import sharding
 
@@ -264,8 +264,9 @@ class ExperimentConfig:
 
   @property
   def roles(self) -> tuple[str, ...]:
-    """The trained roles: both for DPA-GRPO, the generator alone for the others."""
-    return ("verifier", "generator") if self.method == "dpa_grpo" else ("generator",)
+    """The trained roles: both for DPA-GRPO (in `game.ROLES` order, which seeds their adapters),
+    the generator alone for the others."""
+    return game.ROLES if self.method == "dpa_grpo" else ("generator",)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> ExperimentConfig:

@@ -8,7 +8,7 @@ import pytest
 
 from configs import dpa_grpo as dpa_config
 from dpa_grpo import config as config_lib
-from dpa_grpo import losses, step
+from dpa_grpo import game, losses, step
 from dpa_grpo.envs import taxcalc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,3 +111,8 @@ def test_typed_config_is_frozen():
   c = config_lib.ExperimentConfig()
   with pytest.raises(dataclasses.FrozenInstanceError):
     c.loss.beta = 1.0  # type: ignore[misc]
+
+
+def test_trained_roles_keep_the_game_order_that_seeds_their_adapters():
+  assert config_lib.ExperimentConfig(method="dpa_grpo").roles == game.ROLES
+  assert config_lib.ExperimentConfig(method="grpo").roles == ("generator",)
