@@ -51,7 +51,8 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       batch_cases=4,  # cases per training step (each gives one decision unit per line)
     )
   )
-  # Fields of dpa_grpo.rollout.RolloutConfig; lines=() means all 19 in form order.
+  # Fields of dpa_grpo.rollout.RolloutConfig; lines=() means all 19 in form order. Every section
+  # becomes a typed dataclass of dpa_grpo.config at the launcher.
   c.rollout = ml_collections.ConfigDict(
     dict(
       lines=(),
@@ -132,7 +133,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
   # dpa_grpo.reproduce: a supervised warm start of a from-scratch backbone (steps=0: none; fields
-  # of dpa_grpo.warm_start.WarmStartConfig) and the methods run beside `method` for comparison.
+  # of dpa_grpo.config.WarmStartConfig) and the methods run beside `method` for comparison.
   c.warm_start = ml_collections.ConfigDict(
     dict(steps=0, batch_size=16, learning_rate=3e-3, warmup_steps=20, wrong_fraction=0.5, seed=0)
   )

@@ -7,9 +7,11 @@ import os
 import pytest
 
 from configs import dpa_grpo as dpa_config
+from configs import theory as theory_config
 from dpa_grpo import config as config_lib
 from dpa_grpo import game, losses, step
 from dpa_grpo.envs import taxcalc
+from dpa_grpo.theory_config import TheoryConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -116,3 +118,15 @@ def test_typed_config_is_frozen():
 def test_trained_roles_keep_the_game_order_that_seeds_their_adapters():
   assert config_lib.ExperimentConfig(method="dpa_grpo").roles == game.ROLES
   assert config_lib.ExperimentConfig(method="grpo").roles == ("generator",)
+
+
+@pytest.mark.parametrize("preset", theory_config.PRESETS)
+def test_theory_presets_type(preset):
+  c = TheoryConfig.from_dict(theory_config.get_config(preset).to_dict())
+  assert c.game.p_z_right == (0.3, 0.9) and c.loss.kl in ("k1", "k3", "exact")
+  with pytest.raises(ValueError, match="valid presets: default, paper_theory, k3, smoke"):
+    theory_config.get_config("fast")
+  values = theory_config.get_config(preset).to_dict()
+  values["ode"]["stpes"] = 1
+  with pytest.raises(ValueError, match=r"config.ode: unknown key\(s\) \['stpes'\]"):
+    TheoryConfig.from_dict(values)
