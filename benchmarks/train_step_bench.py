@@ -7,7 +7,11 @@ Prints tokens/s of each and the ratio, then the compiled peak memory of the log-
 (value and gradient) at Qwen's 151,936-token vocabulary: `lm.scoring`'s vocabulary-chunked version
 against the naive full-vocabulary log-softmax.
 
-  python -m benchmarks.train_step_bench [--pairs 8 --length 256 --steps 3]
+The JAX step is the trainer's (`dpa_grpo.step`: the batch in `--chunks` gradient-accumulation
+chunks summed on device, parameters and optimiser state donated, metrics fetched once per step),
+beside the loop the trainer used before (per-chunk grads, a separate add, host reads per chunk).
+
+  python -m benchmarks.train_step_bench [--pairs 8 --length 256 --steps 3 --chunks 2]
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import transformers
 from flax import nnx
 
 from dpa_grpo import losses
+from dpa_grpo import step as step_lib
+from dpa_grpo.policies import Policies
 from lm import hf, scoring
 
 BETA = 0.04
@@ -59,35 +65,101 @@ def make_batch(pairs: int, length: int, vocab: int) -> dict[str, np.ndarray]:
   return batch
 
 
-def jax_step_time(path: str, batch: dict[str, np.ndarray], steps: int) -> float:
-  """Seconds per jitted step (value_and_grad of `losses.dpa_loss` + optax AdamW), after compiling."""
+def _jax_setup(path: str, batch: dict[str, np.ndarray], chunks: int):
+  """(policies, trainable, frozen, tx, loss_cfg, chunk inputs): the trainer's full fine-tuning layout,
+  the batch split into `chunks` equal gradient-accumulation chunks."""
   model = hf.load_hf(path, dtype="float32")
-  ref = hf.load_hf(path, dtype="float32")
   graphdef, params = nnx.split(model)
+  policies = Policies(graphdef, None)
+  trainable = {"backbone": params}
+  frozen = jax.tree.map(jnp.copy, params)
   tx = optax.adamw(1e-5)
   cfg = losses.DPALossConfig(beta=BETA, kl="k1", weighting="pair")
   pairs = batch["rewards"].shape[0]
-  inputs = {k: jnp.asarray(v) for k, v in batch.items()}
-  inputs |= {
-    "component": jnp.zeros((pairs,), jnp.int32),
-    "share": jnp.ones((1,), jnp.float32),
-    "row_penalty": jnp.zeros((pairs, 2)),
-  }
+  if pairs % chunks:
+    raise ValueError(f"--pairs {pairs} is not a multiple of --chunks {chunks}")
+  per = pairs // chunks
+  inputs = []
+  for i in range(chunks):
+    rows = slice(2 * i * per, 2 * (i + 1) * per)
+    chunk = {k: jnp.asarray(v[rows]) for k, v in batch.items() if k != "rewards"}
+    chunk |= {
+      "rewards": jnp.asarray(batch["rewards"][i * per : (i + 1) * per]),
+      "component": jnp.zeros((per,), jnp.int32),
+      "share": jnp.full((1,), 1.0 / chunks, jnp.float32),
+      "row_penalty": jnp.zeros((per, 2)),
+    }
+    inputs.append(chunk)
+  return policies, trainable, frozen, tx, cfg, inputs
 
-  @jax.jit
-  def step(params, opt_state, ref, inputs):
-    loss_fn = lambda p: losses.dpa_loss(nnx.merge(graphdef, p), ref, inputs, cfg)[0]
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
 
-  opt_state = tx.init(params)
-  params, opt_state, loss = step(params, opt_state, ref, inputs)
-  jax.block_until_ready(loss)
+def jax_step_time(path: str, batch: dict[str, np.ndarray], steps: int, chunks: int) -> float:
+  """Seconds per train step as `dpa_grpo.train` runs it (after compiling): `step.accumulate` per
+  chunk into a donated on-device gradient sum, `step.apply` (AdamW, parameters and optimiser state
+  donated), the step's metrics fetched once."""
+  policies, trainable, frozen, tx, cfg, inputs = _jax_setup(path, batch, chunks)
+  opt_state = tx.init(trainable)
+
+  def one_step(trainable, opt_state):
+    grads = jax.tree.map(jnp.zeros_like, trainable)
+    per_chunk = []
+    for chunk in inputs:
+      grads, value, parts = step_lib.accumulate(
+        grads, trainable, frozen, chunk, policies=policies, role="generator", method="dpa_grpo", loss_cfg=cfg
+      )
+      per_chunk.append(("generator", value, parts))
+    trainable, opt_state, norm = step_lib.apply(trainable, opt_state, grads, tx=tx)
+    step_lib.fetch_metrics(per_chunk)
+    return trainable, opt_state, norm
+
+  trainable, opt_state, norm = one_step(trainable, opt_state)
+  jax.block_until_ready(norm)
   start = time.perf_counter()
   for _ in range(steps):
-    params, opt_state, loss = step(params, opt_state, ref, inputs)
-  jax.block_until_ready(loss)
+    trainable, opt_state, norm = one_step(trainable, opt_state)
+  jax.block_until_ready(norm)
+  return (time.perf_counter() - start) / steps
+
+
+def jax_loop_step_time(path: str, batch: dict[str, np.ndarray], steps: int, chunks: int) -> float:
+  """The same step as the trainer ran it before: per-chunk value-and-grad, a separate jitted add,
+  each chunk's metrics read to the host as it finishes, nothing donated."""
+  policies, trainable, frozen, tx, cfg, inputs = _jax_setup(path, batch, chunks)
+  opt_state = tx.init(trainable)
+
+  @jax.jit
+  def grads_of(trainable, chunk):
+    def loss(params):
+      return losses.dpa_loss(
+        policies.policy(params, frozen, "generator"), policies.reference(frozen), chunk, cfg
+      )
+
+    (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
+    return value, metrics, grads
+
+  add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+
+  @jax.jit
+  def update(trainable, opt_state, grads):
+    updates, opt_state = tx.update(grads, opt_state, trainable)
+    return optax.apply_updates(trainable, updates), opt_state, optax.global_norm(grads)
+
+  def one_step(trainable, opt_state):
+    grads = jax.tree.map(jnp.zeros_like, trainable)
+    total = {}
+    for chunk in inputs:
+      value, parts, g = grads_of(trainable, chunk)
+      grads = add(grads, g)
+      for key, val in {"loss": value, **parts}.items():
+        total[key] = total.get(key, 0.0) + float(val)
+    return update(trainable, opt_state, grads)
+
+  trainable, opt_state, norm = one_step(trainable, opt_state)
+  jax.block_until_ready(norm)
+  start = time.perf_counter()
+  for _ in range(steps):
+    trainable, opt_state, norm = one_step(trainable, opt_state)
+  jax.block_until_ready(norm)
   return (time.perf_counter() - start) / steps
 
 
@@ -152,6 +224,7 @@ def main():
   parser.add_argument("--length", type=int, default=256)
   parser.add_argument("--vocab", type=int, default=8192)
   parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--chunks", type=int, default=2, help="gradient-accumulation chunks per step")
   args = parser.parse_args()
   torch.set_num_threads(os.cpu_count() or 1)
   batch = make_batch(args.pairs, args.length, args.vocab)
@@ -159,10 +232,12 @@ def main():
   tokens = int(batch["attention_mask"].sum())
   with tempfile.TemporaryDirectory() as tmp:
     policy.save_pretrained(tmp)
-    jax_s = jax_step_time(tmp, batch, args.steps)
+    jax_s = jax_step_time(tmp, batch, args.steps, args.chunks)
+    loop_s = jax_loop_step_time(tmp, batch, args.steps, args.chunks)
   torch_s = torch_step_time(policy, batch, args.steps)
   print(f"train step, {2 * args.pairs} rows x {args.length} tokens, Qwen3 4x256, vocab {args.vocab}, CPU:")
-  print(f"  JAX    {tokens / jax_s:10.0f} tokens/s  ({jax_s:.3f} s/step)")
+  print(f"  JAX    {tokens / jax_s:10.0f} tokens/s  ({jax_s:.3f} s/step; {args.chunks} chunks, donated)")
+  print(f"  JAX loop{tokens / loop_s:9.0f} tokens/s  ({loop_s:.3f} s/step; host-synced loop, no donation)")
   print(f"  PyTorch{tokens / torch_s:10.0f} tokens/s  ({torch_s:.3f} s/step)")
   print(f"  ratio JAX/PyTorch: {torch_s / jax_s:.2f}x")
   naive, chunked = logprob_memory(batch=4, length=1024, dim=2560, vocab=151_936, chunk=8192)

@@ -5,24 +5,30 @@ Presets (`--config=configs/dpa_grpo.py:<preset>`):
   tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
   qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
   qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
-A preset may add a method to a CPU run too: cpu_grpo, tiny_dapo, ...
+A preset may add a method to a CPU run too: cpu_grpo, tiny_dapo, ... A preset is `<size>` or
+`<size>_<method>`, size in cpu, tiny, qwen3_4b, qwen3_8b; an unknown one fails naming the valid ones.
 Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.data.root=...
 """
 
 import ml_collections
 
-from dpa_grpo import losses
-
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
+_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b")
+
+
+def parse_preset(preset: str) -> tuple[str, str]:
+  """(size, method) of a preset `<size>` or `<size>_<method>`: "qwen3_4b_grpo" -> ("qwen3_4b", "grpo")."""
+  for size in sorted(_SIZES, key=len, reverse=True):
+    if preset == size:
+      return size, "dpa_grpo"
+    if preset.startswith(size + "_") and preset[len(size) + 1 :] in _METHODS:
+      return size, preset[len(size) + 1 :]
+  valid = [s for s in _SIZES] + [f"{s}_{m}" for s in _SIZES for m in _METHODS]
+  raise ValueError(f"configs/dpa_grpo.py: unknown preset {preset!r}; valid presets: {', '.join(valid)}")
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
-  size, _, method = preset.partition("_") if not preset.startswith("qwen3_") else _split_qwen(preset)
-  method = method or "dpa_grpo"
-  if method not in _METHODS:
-    raise ValueError(
-      f"configs/dpa_grpo.py: unknown method {method!r} in preset {preset!r}; one of {_METHODS}"
-    )
+  size, method = parse_preset(preset)
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.method = method
@@ -45,7 +51,8 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       batch_cases=4,  # cases per training step (each gives one decision unit per line)
     )
   )
-  # Fields of dpa_grpo.rollout.RolloutConfig; lines=() means all 19 in form order.
+  # Fields of dpa_grpo.rollout.RolloutConfig; lines=() means all 19 in form order. Every section
+  # becomes a typed dataclass of dpa_grpo.config at the launcher.
   c.rollout = ml_collections.ConfigDict(
     dict(
       lines=(),
@@ -81,9 +88,17 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       vocab_chunk=8192,
     )
   )
-  paper = losses.BaselineConfig.paper(method if method in losses.BASELINES else "grpo")
+  # Generator-only methods, each with its own settings (defaults: its paper's — GRPO, Shao et al.
+  # 2024: β 0.04, ε 0.2; DAPO, Yu et al. 2025: no KL, clip-higher ε 0.2 / 0.28; GSPO, Zheng et al.
+  # 2025: no KL, sequence-level ε 3e-4 / 4e-4) and DAPO's overlong cache. An override such as
+  # --config.baseline.grpo.beta=0.1 applies to that method wherever it runs (main or compared).
   c.baseline = ml_collections.ConfigDict(
-    dict(beta=paper.beta, eps_low=paper.eps_low, eps_high=paper.eps_high, overlong_cache=512)
+    dict(
+      grpo=dict(beta=0.04, eps_low=0.2, eps_high=0.2),
+      dapo=dict(beta=0.0, eps_low=0.2, eps_high=0.28),
+      gspo=dict(beta=0.0, eps_low=3e-4, eps_high=4e-4),
+      overlong_cache=512,
+    )
   )
   c.lora = ml_collections.ConfigDict(
     dict(
@@ -118,7 +133,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
   # dpa_grpo.reproduce: a supervised warm start of a from-scratch backbone (steps=0: none; fields
-  # of dpa_grpo.warm_start.WarmStartConfig) and the methods run beside `method` for comparison.
+  # of dpa_grpo.config.WarmStartConfig) and the methods run beside `method` for comparison.
   c.warm_start = ml_collections.ConfigDict(
     dict(steps=0, batch_size=16, learning_rate=3e-3, warmup_steps=20, wrong_fraction=0.5, seed=0)
   )
@@ -172,19 +187,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"
     c.data.batch_cases = 4
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tp=1))
-  else:
-    raise ValueError(f"configs/dpa_grpo.py: unknown preset {preset!r}")
   if method == "zero_shot":
     c.train.steps = 0
   return c
-
-
-def _split_qwen(preset: str) -> tuple[str, str, str]:
-  """ "qwen3_4b_grpo" -> ("qwen3_4b", "_", "grpo"); "qwen3_4b" -> ("qwen3_4b", "", "")."""
-  parts = preset.split("_")
-  size = "_".join(parts[:2])
-  method = "_".join(parts[2:])
-  return size, "_" if method else "", method
 
 
 def get_sweep(h):

@@ -1,7 +1,10 @@
 """DPA-GRPO theory (docs/theory.md); presets: default (the paper's code: pair/k1), paper_theory
-(policy/exact, the paper's theorem), k3 (pair/k3), smoke (tiny, for tests)."""
+(policy/exact, the paper's theorem), k3 (pair/k3), smoke (tiny, for tests). `launch/theory.py` turns
+the ConfigDict into `dpa_grpo.theory_config.TheoryConfig`."""
 
 import ml_collections
+
+PRESETS = ("default", "paper_theory", "k3", "smoke")
 
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
@@ -38,7 +41,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.sa.update(seeds=8, steps=200, save_every=20, shown=2)
     c.fixed_points.update(num_betas=3, compare_variants=False)
   elif arg != "default":
-    raise ValueError(f"configs/theory.py: unknown preset {arg!r}")
+    raise ValueError(f"configs/theory.py: unknown preset {arg!r}; valid presets: {', '.join(PRESETS)}")
   return c
 
 

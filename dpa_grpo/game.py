@@ -230,7 +230,7 @@ def decision_prompt(line_prompt: str, proposal: str, sac: SAC | None, revision: 
 def classify_case(
   x_right: bool, verifier_action: int, generator_action: int | None, z_right: bool | None
 ) -> str:
-  """The case (REFERENCE table) of one played unit.
+  """The case (the DPA-GRPO paper's 8-case table: 1, 2, 3, 4, 5a, 5b, 6a, 6b) of one played unit.
 
   Args:
     x_right: S_x.

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -352,7 +353,47 @@ def gspo_loss(
   return loss, metrics
 
 
-BASELINES = ("grpo", "dapo", "gspo")
+# Each baseline's objective by name: (logp, old, ref, mask, rewards, group_mask, cfg) -> (loss, metrics).
+_OBJECTIVES: dict[str, Callable] = {}
+
+
+def _objective(name: str):
+  def add(fn):
+    _OBJECTIVES[name] = fn
+    return fn
+
+  return add
+
+
+@_objective("grpo")
+def _grpo(logp, old, ref, mask, rewards, group_mask, cfg):
+  return grpo_loss(logp, old, ref, mask, rewards, group_mask, eps=cfg.eps_low, beta=cfg.beta)
+
+
+@_objective("dapo")
+def _dapo(logp, old, ref, mask, rewards, group_mask, cfg):
+  del ref  # DAPO has no KL term
+  return dapo_loss(
+    logp,
+    old,
+    mask,
+    rewards,
+    group_mask,
+    eps_low=cfg.eps_low,
+    eps_high=cfg.eps_high,
+    max_len=cfg.max_len,
+    cache_len=cfg.cache_len,
+  )
+
+
+@_objective("gspo")
+def _gspo(logp, old, ref, mask, rewards, group_mask, cfg):
+  return gspo_loss(
+    logp, old, ref, mask, rewards, group_mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta
+  )
+
+
+BASELINES = tuple(_OBJECTIVES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,24 +456,18 @@ def baseline_loss(
     ref = jax.lax.stop_gradient(ref_token.reshape(shape))
   else:
     ref = old
-  rewards, group_mask = batch["rewards"], batch["group_mask"]
-  if cfg.method == "grpo":
-    loss, metrics = grpo_loss(logp, old, ref, mask, rewards, group_mask, eps=cfg.eps_low, beta=cfg.beta)
-  elif cfg.method == "dapo":
-    loss, metrics = dapo_loss(
-      logp,
-      old,
-      mask,
-      rewards,
-      group_mask,
-      eps_low=cfg.eps_low,
-      eps_high=cfg.eps_high,
-      max_len=cfg.max_len,
-      cache_len=cfg.cache_len,
-    )
-  else:
-    loss, metrics = gspo_loss(
-      logp, old, ref, mask, rewards, group_mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta
-    )
+  loss, metrics = _OBJECTIVES[cfg.method](logp, old, ref, mask, batch["rewards"], batch["group_mask"], cfg)
   share = batch["share"]
   return share * loss, {k: share * v for k, v in metrics.items()}
+
+
+# Every trainable method's loss by name: (model, ref_model, batch, cfg) -> (loss, metrics), with
+# `cfg` a `DPALossConfig` for "dpa_grpo" and a `BaselineConfig` for the generator-only baselines.
+LOSSES: dict[str, Callable] = {"dpa_grpo": dpa_loss, **{name: baseline_loss for name in BASELINES}}
+
+
+def loss_fn(method: str) -> Callable:
+  """The loss of `method`; an unknown name fails listing the registered ones."""
+  if method not in LOSSES:
+    raise ValueError(f"no loss registered for {method!r}; registered: {sorted(LOSSES)}")
+  return LOSSES[method]

@@ -19,16 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpa_grpo import theory  # noqa: E402
+from dpa_grpo.theory_config import TheoryConfig  # noqa: E402
 from lm import rundir  # noqa: E402
 from lm.plotting import plt  # noqa: E402
 
 FIGURES = ("phase_portrait", "sa_vs_ode", "fixed_points_vs_beta", "case_probabilities", "eigenvalues")
-
-
-def game_from_config(config) -> theory.Game:
-  """The `Game` of `config.game`, with lists turned into the tuples a static jit argument needs."""
-  to_tuple = lambda v: tuple(to_tuple(x) for x in v) if isinstance(v, list | tuple) else v
-  return theory.Game(**{k: to_tuple(v) for k, v in config.game.to_dict().items()})
 
 
 def _save(fig, workdir: str, name: str) -> list[str]:
@@ -80,10 +75,10 @@ def _variant_label(weighting: str, kl: str) -> str:
   return f"{weighting}/{kl}"
 
 
-def run_theory(config, workdir: str) -> dict:
+def run_theory(config: TheoryConfig, workdir: str) -> dict:
   """Computes every theory result for `config` and writes figures + `theory.json` into `workdir`."""
   start = time.time()
-  game = game_from_config(config)
+  game = config.game
   beta, kl, weighting = float(config.loss.beta), config.loss.kl, config.loss.weighting
   names, (ix, iy) = game.state_names(), game.portrait_axes()
   theta_ref = theory.reference_logits(game)

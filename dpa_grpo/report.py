@@ -22,18 +22,21 @@ proposal quality fixed while training moves it too, which is one reason the two 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from dpa_grpo import config as config_lib  # noqa: E402
 from dpa_grpo import game, theory  # noqa: E402
 from dpa_grpo.envs import taxcalc  # noqa: E402
 from lm import rundir, stats  # noqa: E402
 from lm.plotting import plt  # noqa: E402
 
-# REFERENCE.md §1: post-revision accuracy (DPA-GRPO) or line accuracy (the rest) on TaxCalcBench TY24.
+# The DPA-GRPO paper's results table: post-revision accuracy (DPA-GRPO) or line accuracy (the rest)
+# on TaxCalcBench TY24.
 PAPER = {
   "Qwen3-4B": {"zero_shot": 0.414, "grpo": 0.520, "dapo": 0.467, "gspo": 0.461, "dpa_grpo": 0.533},
   "Qwen3-8B": {"zero_shot": 0.533, "grpo": 0.539, "dapo": 0.553, "gspo": 0.520, "dpa_grpo": 0.572},
@@ -213,17 +216,20 @@ def _case_rows(before: dict, after: dict) -> list[str]:
   return rows
 
 
-def write(workdir: str, config, methods: Sequence[str]) -> dict[str, Any]:
+def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[str]) -> dict[str, Any]:
   """Writes report.md, report.json and figures/ for the runs of `methods` under `workdir`."""
   figure_dir = os.path.join(workdir, "figures")
+  lines = "all 19" if config.rollout.lines == taxcalc.LINE_IDS else ", ".join(config.rollout.lines)
   evals = {m: _evals(os.path.join(workdir, m)) for m in methods}
   summary: dict[str, Any] = {"methods": {}}
   md = [
     "# DPA-GRPO experiment report",
     "",
-    f"Model: `{config.model.preset}` {dict(config.model.overrides)}; data: "
-    + (config.data.root or f"synthetic forms {dict(config.data.synthetic)}")
-    + f"; lines: {', '.join(config.rollout.lines) or 'all 19'}.",
+    f"Model: `{config.model.preset}` {dict(sorted(config.model.overrides.items()))}; data: "
+    + (
+      config.data.root or f"synthetic forms {dict(sorted(dataclasses.asdict(config.data.synthetic).items()))}"
+    )
+    + f"; lines: {lines}.",
     "Accuracy is the per-line strict accuracy of the greedy test-split play (post-revision for "
     "DPA-GRPO, the draft for generator-only methods), with Wilson 95% intervals; *after* is the "
     "last evaluation.",

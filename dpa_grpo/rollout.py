@@ -40,7 +40,7 @@ KEEP_RULES = ("majority", "logprob", "first_parseable")
 _PHASES = {"draft": 0, "verify": 1, "revise": 2, "decide": 3, "explore": 4, "group": 5}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
   """How episodes are played (defaults: the paper's reference code).
 
@@ -163,74 +163,126 @@ class RolePolicy:
     return ids, samples
 
 
-@dataclasses.dataclass
-class Unit:
-  """Everything about one played decision unit (the records keep all but the token ids)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Draft:
+  """Phase 1 of a unit: the generator's draft x of one line and the oracle's S_x."""
 
   case_id: str
   line_id: str
   gold: float
-  draft_prompt: str
+  prompt: str
+  prompt_ids: list[int]
   x: Sample
-  x_amount: float | None
-  x_right: bool
-  verifier_prompt: str
-  verifier: game.VerifierReply
-  verifier_reply: Sample
-  revision_prompt: str = ""
-  revisions: tuple[Sample, ...] = ()
-  revision_amounts: tuple[float | None, ...] = ()
-  kept: int = -1
-  z_amount: float | None = None
-  z_right: bool | None = None
-  decision_prompt: str = ""
-  decision: game.GeneratorDecision | None = None
-  decision_reply: Sample | None = None
-  forced_revise: bool = False
-  generator_action: int | None = None
-  case: str = ""
-  submitted: float | None = None
-  submitted_right: bool = False
-  prompt_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # by turn: draft, ...
+  amount: float | None
+  right: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdict:
+  """Phase 2: the verifier's reply to the draft (NS, or SAC with its Claim/Argument/Evidence)."""
+
+  prompt: str
+  prompt_ids: list[int]
+  reply: Sample
+  parsed: game.VerifierReply
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Revision:
+  """Phase 3, after a SAC: K revisions, the kept one (`keep_rule`, never the oracle) and S_z."""
+
+  prompt: str
+  prompt_ids: list[int]
+  samples: tuple[Sample, ...]
+  amounts: tuple[float | None, ...]
+  kept: int
+  z_amount: float | None
+  z_right: bool
 
   @property
-  def z(self) -> Sample | None:
-    return self.revisions[self.kept] if self.kept >= 0 else None
+  def z(self) -> Sample:
+    return self.samples[self.kept]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+  """Phase 4, after a SAC: the generator's KEEP / REVISE reply and the action played (REVISE when
+  exploration forced it; the sampled reply is still recorded)."""
+
+  prompt: str
+  prompt_ids: list[int]
+  reply: Sample
+  parsed: game.GeneratorDecision
+  forced_revise: bool
+  action: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Unit:
+  """One played decision unit: its phases' records and the outcome (revision and decision only
+  after a SAC). The JSONL record keeps every text but no token ids."""
+
+  draft: Draft
+  verdict: Verdict
+  revision: Revision | None = None
+  decision: Decision | None = None
+  case: str
+  submitted: float | None
+  submitted_right: bool
+
+  @property
+  def line_id(self) -> str:
+    return self.draft.line_id
+
+  @property
+  def x_right(self) -> bool:
+    return self.draft.right
+
+  @property
+  def z_right(self) -> bool | None:
+    return None if self.revision is None else self.revision.z_right
+
+  @property
+  def challenged(self) -> bool:
+    return self.verdict.parsed.action == game.SAC_ACTION
+
+  @property
+  def generator_action(self) -> int | None:
+    return None if self.decision is None else self.decision.action
 
   def record(self) -> dict[str, Any]:
     """The JSONL record: every text, parsed value, action and oracle result (no token ids)."""
     sample = lambda s: (
       None if s is None else {"text": s.text, "mean_logprob": s.mean_logprob, "finish": s.finish}
     )
+    d, v, r, c = self.draft, self.verdict, self.revision, self.decision
     return {
-      "case_id": self.case_id,
-      "line": self.line_id,
-      "gold": self.gold,
-      "draft_prompt": self.draft_prompt,
-      "x": sample(self.x),
-      "x_amount": self.x_amount,
-      "x_right": self.x_right,
-      "verifier_prompt": self.verifier_prompt,
-      "verifier": sample(self.verifier_reply),
-      "verdict": self.verifier.verdict,
-      "verifier_action": game.VERIFIER_ACTIONS[self.verifier.action],
-      "verifier_valid": self.verifier.valid,
-      "verifier_error": self.verifier.error,
-      "sac": None if self.verifier.sac is None else self.verifier.sac.to_dict(),
-      "revision_prompt": self.revision_prompt,
-      "revisions": [sample(s) for s in self.revisions],
-      "revision_amounts": list(self.revision_amounts),
-      "kept": self.kept,
-      "z_amount": self.z_amount,
-      "z_right": self.z_right,
-      "decision_prompt": self.decision_prompt,
-      "decision": sample(self.decision_reply),
-      "decision_valid": None if self.decision is None else self.decision.valid,
-      "decision_error": None if self.decision is None else self.decision.error,
-      "forced_revise": self.forced_revise,
-      "generator_action": None
-      if self.generator_action is None
-      else game.GENERATOR_ACTIONS[self.generator_action],
+      "case_id": d.case_id,
+      "line": d.line_id,
+      "gold": d.gold,
+      "draft_prompt": d.prompt,
+      "x": sample(d.x),
+      "x_amount": d.amount,
+      "x_right": d.right,
+      "verifier_prompt": v.prompt,
+      "verifier": sample(v.reply),
+      "verdict": v.parsed.verdict,
+      "verifier_action": game.VERIFIER_ACTIONS[v.parsed.action],
+      "verifier_valid": v.parsed.valid,
+      "verifier_error": v.parsed.error,
+      "sac": None if v.parsed.sac is None else v.parsed.sac.to_dict(),
+      "revision_prompt": "" if r is None else r.prompt,
+      "revisions": [] if r is None else [sample(s) for s in r.samples],
+      "revision_amounts": [] if r is None else list(r.amounts),
+      "kept": -1 if r is None else r.kept,
+      "z_amount": None if r is None else r.z_amount,
+      "z_right": None if r is None else r.z_right,
+      "decision_prompt": "" if c is None else c.prompt,
+      "decision": None if c is None else sample(c.reply),
+      "decision_valid": None if c is None else c.parsed.valid,
+      "decision_error": None if c is None else c.parsed.error,
+      "forced_revise": False if c is None else c.forced_revise,
+      "generator_action": None if c is None else game.GENERATOR_ACTIONS[c.action],
       "case": self.case,
       "submitted": self.submitted,
       "submitted_right": self.submitted_right,
@@ -286,6 +338,174 @@ def _amount(text: str, line_id: str) -> float | None:
   return taxcalc.parse_line_answer(text, line_id).value
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Play:
+  """How one `play` samples: training (the config's temperatures, K revisions, exploration) or
+  greedy evaluation (temperature 0 everywhere, one revision, no exploration)."""
+
+  temperature: float
+  revision_temperature: float
+  revisions: int
+  explore: float
+  fallback_verdict: int
+  fallback_decision: int
+
+  @classmethod
+  def of(cls, cfg: RolloutConfig, greedy: bool) -> _Play:
+    return cls(
+      temperature=0.0 if greedy else cfg.temperature,
+      revision_temperature=0.0 if greedy else cfg.revision_temperature,
+      revisions=1 if greedy else cfg.revisions,
+      explore=0.0 if greedy else cfg.explore,
+      fallback_verdict=game.VERIFIER_ACTIONS.index(cfg.invalid_verdict_action),
+      fallback_decision=game.GENERATOR_ACTIONS.index(cfg.invalid_decision_action),
+    )
+
+
+def _draft_phase(
+  cases, prompts, line_id: str, generator: RolePolicy, cfg: RolloutConfig, how: _Play, seeds
+) -> list[Draft]:
+  """The generator drafts x for every case (one sampler call); the oracle gives S_x."""
+  ids, drafts = generator.generate(
+    prompts,
+    n=1,
+    temperature=how.temperature,
+    top_p=cfg.top_p,
+    top_k=cfg.top_k,
+    max_new_tokens=cfg.max_new_tokens,
+    seeds=seeds("draft", len(prompts)),
+  )
+  out = []
+  for case, prompt, prompt_ids, (x,) in zip(cases, prompts, ids, drafts, strict=True):
+    amount = _amount(x.text, line_id)
+    gold = case.gold[line_id]
+    out.append(
+      Draft(
+        case_id=case.case_id,
+        line_id=line_id,
+        gold=gold,
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+        x=x,
+        amount=amount,
+        right=taxcalc.line_correct(amount, gold, cfg.tolerance),
+      )
+    )
+  return out
+
+
+def _verify_phase(drafts: Sequence[Draft], verifier: RolePolicy, cfg: RolloutConfig, how: _Play, seeds):
+  """The verifier replies NS or SAC to every draft (one sampler call)."""
+  prompts = [game.verifier_prompt(d.prompt, d.x.text) for d in drafts]
+  ids, replies = verifier.generate(
+    prompts,
+    n=1,
+    temperature=how.temperature,
+    top_p=cfg.top_p,
+    top_k=cfg.top_k,
+    max_new_tokens=cfg.verdict_tokens,
+    seeds=seeds("verify", len(drafts)),
+  )
+  return [
+    Verdict(
+      prompt=prompt,
+      prompt_ids=prompt_ids,
+      reply=reply,
+      parsed=game.parse_verifier_reply(reply.text, how.fallback_verdict),
+    )
+    for prompt, prompt_ids, (reply,) in zip(prompts, ids, replies, strict=True)
+  ]
+
+
+def _revise_phase(
+  challenged: Sequence[tuple[Draft, Verdict]], generator: RolePolicy, cfg: RolloutConfig, how: _Play, seeds
+) -> list[Revision]:
+  """K revisions of every SAC'd draft (one sampler call); one kept by `keep_rule`; S_z."""
+  prompts = [game.revision_prompt(d.prompt, d.x.text, v.parsed.sac) for d, v in challenged]
+  ids, revisions = generator.generate(
+    prompts,
+    n=how.revisions,
+    temperature=how.revision_temperature,
+    top_p=cfg.top_p,
+    top_k=cfg.top_k,
+    max_new_tokens=cfg.max_new_tokens,
+    seeds=seeds("revise", len(challenged)),
+  )
+  out = []
+  for (d, _), prompt, prompt_ids, samples in zip(challenged, prompts, ids, revisions, strict=True):
+    amounts = tuple(_amount(s.text, d.line_id) for s in samples)
+    kept = keep_revision(samples, amounts, cfg.keep_rule)
+    out.append(
+      Revision(
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+        samples=tuple(samples),
+        amounts=amounts,
+        kept=kept,
+        z_amount=amounts[kept],
+        z_right=taxcalc.line_correct(amounts[kept], d.gold, cfg.tolerance),
+      )
+    )
+  return out
+
+
+def _decide_phase(
+  challenged: Sequence[tuple[Draft, Verdict]],
+  revisions: Sequence[Revision],
+  generator: RolePolicy,
+  cfg: RolloutConfig,
+  how: _Play,
+  seeds,
+) -> list[Decision]:
+  """The generator's KEEP / REVISE on every SAC'd unit (one sampler call); in training, REVISE is
+  forced with probability `explore`."""
+  prompts = [
+    game.decision_prompt(d.prompt, d.x.text, v.parsed.sac, r.z.text)
+    for (d, v), r in zip(challenged, revisions, strict=True)
+  ]
+  ids, replies = generator.generate(
+    prompts,
+    n=1,
+    temperature=how.temperature,
+    top_p=cfg.top_p,
+    top_k=cfg.top_k,
+    max_new_tokens=cfg.decision_tokens,
+    seeds=seeds("decide", len(challenged)),
+  )
+  forced = np.random.default_rng(seeds("explore", 1)).random(len(challenged)) < how.explore
+  out = []
+  for prompt, prompt_ids, (reply,), force in zip(prompts, ids, replies, forced, strict=True):
+    parsed = game.parse_decision(reply.text, how.fallback_decision)
+    out.append(
+      Decision(
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+        reply=reply,
+        parsed=parsed,
+        forced_revise=bool(force),
+        action=game.REVISE if force else parsed.action,
+      )
+    )
+  return out
+
+
+def _settle(draft: Draft, verdict: Verdict, revision: Revision | None, decision: Decision | None) -> Unit:
+  """The unit's 8-case label and submitted amount: the revision if REVISE was played, else x."""
+  action = None if decision is None else decision.action
+  z_right = None if revision is None else revision.z_right
+  args = (draft.right, verdict.parsed.action, action, z_right)
+  revised = action == game.REVISE
+  return Unit(
+    draft=draft,
+    verdict=verdict,
+    revision=revision,
+    decision=decision,
+    case=game.classify_case(*args),
+    submitted=revision.z_amount if revised else draft.amount,
+    submitted_right=game.submitted_right(*args),
+  )
+
+
 def play(
   cases: Sequence[taxcalc.TaxCase],
   generator: RolePolicy,
@@ -300,105 +520,27 @@ def play(
 
   `greedy` is evaluation: temperature 0 everywhere, one revision, no exploration.
   """
-  temperature = 0.0 if greedy else cfg.temperature
-  revision_temperature = 0.0 if greedy else cfg.revision_temperature
-  k = 1 if greedy else cfg.revisions
-  explore = 0.0 if greedy else cfg.explore
-  sampling = dict(top_p=cfg.top_p, top_k=cfg.top_k)
-  fallback_verdict = game.VERIFIER_ACTIONS.index(cfg.invalid_verdict_action)
-  fallback_decision = game.GENERATOR_ACTIONS.index(cfg.invalid_decision_action)
+  how = _Play.of(cfg, greedy)
   shown = [cfg.show(c) for c in cases]
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
   units: list[Unit] = []
   for li, line_id in enumerate(cfg.lines):
     seeds = lambda phase, n: seeding.derive_seeds(seed, step, li, _PHASES[phase], n=n)  # noqa: B023
     prompts = [cfg.line_prompt(c, line_id, d) for c, d in zip(shown, drafted, strict=True)]
-    ids, drafts = generator.generate(
-      prompts,
-      n=1,
-      temperature=temperature,
-      max_new_tokens=cfg.max_new_tokens,
-      seeds=seeds("draft", len(prompts)),
-      **sampling,
-    )
-    stage = []
-    for case, prompt, prompt_ids, (x,) in zip(cases, prompts, ids, drafts, strict=True):
-      amount = _amount(x.text, line_id)
-      gold = case.gold[line_id]
-      unit = Unit(
-        case.case_id,
-        line_id,
-        gold,
-        prompt,
-        x,
-        amount,
-        taxcalc.line_correct(amount, gold, cfg.tolerance),
-        game.verifier_prompt(prompt, x.text),
-        None,
-        None,
-      )
-      unit.prompt_ids["draft"] = prompt_ids
-      stage.append(unit)
-    ids, replies = verifier.generate(
-      [u.verifier_prompt for u in stage],
-      n=1,
-      temperature=temperature,
-      max_new_tokens=cfg.verdict_tokens,
-      seeds=seeds("verify", len(stage)),
-      **sampling,
-    )
-    for unit, prompt_ids, (reply,) in zip(stage, ids, replies, strict=True):
-      unit.verifier_reply = reply
-      unit.verifier = game.parse_verifier_reply(reply.text, fallback_verdict)
-      unit.prompt_ids["verify"] = prompt_ids
-    challenged = [u for u in stage if u.verifier.action == game.SAC_ACTION]
-    for u in challenged:
-      u.revision_prompt = game.revision_prompt(u.draft_prompt, u.x.text, u.verifier.sac)
-    ids, revisions = generator.generate(
-      [u.revision_prompt for u in challenged],
-      n=k,
-      temperature=revision_temperature,
-      max_new_tokens=cfg.max_new_tokens,
-      seeds=seeds("revise", len(challenged)),
-      **sampling,
-    )
-    for unit, prompt_ids, samples in zip(challenged, ids, revisions, strict=True):
-      unit.prompt_ids["revise"] = prompt_ids
-      unit.revisions = tuple(samples)
-      unit.revision_amounts = tuple(_amount(s.text, line_id) for s in samples)
-      unit.kept = keep_revision(samples, unit.revision_amounts, cfg.keep_rule)
-      unit.z_amount = unit.revision_amounts[unit.kept]
-      unit.z_right = taxcalc.line_correct(unit.z_amount, unit.gold, cfg.tolerance)
-      unit.decision_prompt = game.decision_prompt(
-        unit.draft_prompt, unit.x.text, unit.verifier.sac, unit.z.text
-      )
-    ids, decisions = generator.generate(
-      [u.decision_prompt for u in challenged],
-      n=1,
-      temperature=temperature,
-      max_new_tokens=cfg.decision_tokens,
-      seeds=seeds("decide", len(challenged)),
-      **sampling,
-    )
-    forced = np.random.default_rng(seeds("explore", 1)).random(len(challenged)) < explore
-    for unit, prompt_ids, (reply,), force in zip(challenged, ids, decisions, forced, strict=True):
-      unit.prompt_ids["decide"] = prompt_ids
-      unit.decision_reply = reply
-      unit.decision = game.parse_decision(reply.text, fallback_decision)
-      unit.forced_revise = bool(force)
-      unit.generator_action = game.REVISE if force else unit.decision.action
-    for unit, d in zip(stage, drafted, strict=True):
-      args = (unit.x_right, unit.verifier.action, unit.generator_action, unit.z_right)
-      unit.case = game.classify_case(*args)
-      unit.submitted_right = game.submitted_right(*args)
-      revised = unit.generator_action == game.REVISE
-      unit.submitted = unit.z_amount if revised else unit.x_amount
+    drafts = _draft_phase(cases, prompts, line_id, generator, cfg, how, seeds)
+    verdicts = _verify_phase(drafts, verifier, cfg, how, seeds)
+    challenged = [(d, v) for d, v in zip(drafts, verdicts, strict=True) if v.parsed.action == game.SAC_ACTION]
+    revisions = _revise_phase(challenged, generator, cfg, how, seeds)
+    decisions = _decide_phase(challenged, revisions, generator, cfg, how, seeds)
+    after_sac = {id(d): (r, c) for (d, _), r, c in zip(challenged, revisions, decisions, strict=True)}
+    for draft, verdict, d in zip(drafts, verdicts, drafted, strict=True):
+      unit = _settle(draft, verdict, *after_sac.get(id(draft), (None, None)))
       d[line_id] = unit.submitted
-    units.extend(stage)
+      units.append(unit)
   return units
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Group:
   """G completions of one line prompt (generator-only baselines) with their 0/1 rewards."""
 
@@ -447,6 +589,17 @@ def sample_groups(
       amounts = tuple(_amount(s.text, line_id) for s in group)
       gold = case.gold[line_id]
       rewards = tuple(float(taxcalc.line_correct(a, gold, cfg.tolerance)) for a in amounts)
-      groups.append(Group(case.case_id, line_id, gold, prompt, prompt_ids, tuple(group), amounts, rewards))
+      groups.append(
+        Group(
+          case_id=case.case_id,
+          line_id=line_id,
+          gold=gold,
+          prompt=prompt,
+          prompt_ids=prompt_ids,
+          samples=tuple(group),
+          amounts=amounts,
+          rewards=rewards,
+        )
+      )
       d[line_id] = amounts[0]
   return groups

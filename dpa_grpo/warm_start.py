@@ -28,7 +28,9 @@ import os
 import random
 from collections.abc import Sequence
 
-from dpa_grpo import game, rollout
+from dpa_grpo import config as config_lib
+from dpa_grpo import game, rollout, setup
+from dpa_grpo.config import TURNS, WarmStartConfig
 from dpa_grpo.envs import taxcalc
 from lm import hf, rundir, sft
 from lm import sharding as sharding_lib
@@ -37,34 +39,10 @@ from lm import tokenizer as tokenizer_lib
 
 _log = logging.getLogger(__name__)
 
-TURNS = ("draft", "verify", "revise", "decide")
-EXPLANATION = "from the forms"  # the explanation field of every warm-start answer
-TEMPLATE_SAC = game.SAC("the amount is wrong", "it does not follow the form", "the input fields")
-
-
-@dataclasses.dataclass(frozen=True)
-class WarmStartConfig:
-  """The supervised stage.
-
-  Attributes:
-    steps, batch_size, learning_rate, warmup_steps: `lm.sft.SFTConfig` knobs.
-    wrong_fraction: share of verifier examples whose proposal is corrupted.
-    turns: which turns get examples (see the module docstring).
-    seed: example sampling, corruption and batch order.
-  """
-
-  steps: int = 300
-  batch_size: int = 16
-  learning_rate: float = 3e-3
-  warmup_steps: int = 20
-  wrong_fraction: float = 0.5
-  turns: tuple[str, ...] = TURNS
-  seed: int = 0
-
-  def __post_init__(self):
-    unknown = set(self.turns) - set(TURNS)
-    if unknown:
-      raise ValueError(f"warm-start turns must be among {TURNS}, got {sorted(unknown)}")
+# The answer texts of every warm-start example; `setup` owns them (the task tokenizer is fitted to them).
+EXPLANATION = setup.EXPLANATION
+TEMPLATE_SAC = setup.TEMPLATE_SAC
+__all__ = ["TURNS", "WarmStartConfig", "corrupt", "examples", "run"]
 
 
 def corrupt(amount: float, rng: random.Random) -> float:
@@ -134,22 +112,18 @@ def examples(
   return out
 
 
-def run(config, workdir: str, cases: Sequence[taxcalc.TaxCase]) -> str:
+def run(config: config_lib.ExperimentConfig, workdir: str, cases: Sequence[taxcalc.TaxCase]) -> str:
   """Trains the backbone of `config.model` on `cases` and writes it (HF weights + tokenizer) to
   `workdir`; returns that directory. A directory that already holds the result is reused."""
   done = os.path.join(workdir, "warm_start.json")
   if os.path.exists(done):
     return workdir
-  from dpa_grpo import train  # the task tokenizer and model construction are the trainer's
-
-  ws = WarmStartConfig(**config.warm_start)
-  rollout_cfg = train.rollout_config(config)
-  tokenizer_dir = config.model.tokenizer or train.task_tokenizer(
-    os.path.join(workdir, "tokenizer"), cases, rollout_cfg, config.model.tokenizer_vocab
-  )
+  ws = config.warm_start
+  rollout_cfg = config.rollout
+  tokenizer_dir = setup.tokenizer_dir(config.model, os.path.join(workdir, "tokenizer"), cases, rollout_cfg)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(**config.mesh))
-  model, _ = train.load_model(config, mesh, tokenizer_dir)
+  mesh = sharding_lib.make_mesh(config.mesh)
+  model, _ = setup.load_model(config.model, config.seed, mesh, tokenizer_dir)
   by_turn = examples(cases, tokenizer, rollout_cfg, ws)
   pooled = [e for turn in ws.turns for e in by_turn[turn]]
   sft_cfg = sft.SFTConfig(

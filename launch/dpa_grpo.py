@@ -14,6 +14,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dpa_grpo import reproduce
+from dpa_grpo.config import ExperimentConfig
 from lm import rundir, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py", lock_config=True)
@@ -23,8 +24,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed
 def main(argv):
   del argv
   sharding.initialize_distributed()
-  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
-  reproduce.run(_CONFIG.value, workdir)
+  config = ExperimentConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
+  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
+  reproduce.run(config, workdir)
 
 
 if __name__ == "__main__":

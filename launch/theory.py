@@ -7,6 +7,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dpa_grpo import plots
+from dpa_grpo.theory_config import TheoryConfig
 from lm import rundir, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/theory.py", lock_config=True)
@@ -15,8 +16,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; rewritt
 
 def main(_):
   sharding.initialize_distributed()
-  workdir = rundir.prepare_workdir(_WORKDIR.value, _CONFIG.value)
-  plots.run_theory(_CONFIG.value, workdir)
+  config = TheoryConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
+  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
+  plots.run_theory(config, workdir)
 
 
 if __name__ == "__main__":

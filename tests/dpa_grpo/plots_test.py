@@ -3,15 +3,20 @@
 import os
 
 import numpy as np
+import pytest
 
 from configs import theory as theory_config
 from dpa_grpo import plots
+from dpa_grpo.theory_config import TheoryConfig
 from lm import rundir
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_run_theory_and_sweep_summary(tmp_path):
   config = theory_config.get_config("smoke")
   config.loss.kl, config.loss.beta = "k3", 0.2
+  config = TheoryConfig.from_dict(config.to_dict())
   result = plots.run_theory(config, rundir.prepare_workdir(tmp_path / "000", config))
   for name in plots.FIGURES:
     for ext in ("png", "pdf"):

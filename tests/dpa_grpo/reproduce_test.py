@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from configs import dpa_grpo as dpa_config
-from dpa_grpo import game, report, reproduce, theory, train, warm_start
+from dpa_grpo import game, report, reproduce, setup, theory, warm_start
+from dpa_grpo.config import ExperimentConfig, rollout_config
 from dpa_grpo.envs import forms, taxcalc
 from lm import rundir
 from lm import tokenizer as tokenizer_lib
@@ -25,8 +26,8 @@ def test_warm_start_examples_carry_the_oracle_labels(tmp_path):
   config = dpa_config.get_config("tiny")
   config.rollout.lines = ("1a", "9", "12")
   cases = forms.generate_cases(4, seed=3, difficulty=1)
-  cfg = train.rollout_config(config)
-  tokenizer = tokenizer_lib.load_tokenizer(train.task_tokenizer(str(tmp_path), cases, cfg, 512))
+  cfg = rollout_config(config.rollout)
+  tokenizer = tokenizer_lib.load_tokenizer(setup.task_tokenizer(str(tmp_path), cases, cfg, 512))
   ws = warm_start.WarmStartConfig(wrong_fraction=0.5, seed=1)
   examples = warm_start.examples(cases, tokenizer, cfg, ws)
   assert {turn: len(v) for turn, v in examples.items()} == {turn: 12 for turn in warm_start.TURNS}
@@ -82,6 +83,8 @@ def test_estimate_game_reads_the_sampled_policy_not_exploration():
   assert cases.count("5a") == 2 and cases.count("5b") == 1 and cases.count("6b") == 3  # forced: still 6b
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_reproduce_end_to_end_writes_the_report(tmp_path):
   config = dpa_config.get_config("tiny")
   config.rollout.lines = ("1a",)
@@ -89,6 +92,7 @@ def test_reproduce_end_to_end_writes_the_report(tmp_path):
   config.train.update(steps=2, eval_every=1, checkpoint_every=1)
   config.warm_start.update(steps=3, batch_size=4)
   config.compare = ("grpo",)
+  config = ExperimentConfig.from_dict(config.to_dict())
   workdir = str(tmp_path)
   summary = reproduce.run(config, workdir)
   assert set(summary["methods"]) == {"dpa_grpo", "grpo"}

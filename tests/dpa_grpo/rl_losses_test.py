@@ -1,7 +1,8 @@
 """The model-level DPA-GRPO loss and the GRPO / DAPO / GSPO baselines against their formulas.
 
 The paired core (`paired_loss`) has its own tests in losses_test.py; here every value is recomputed
-in numpy from the formula in REFERENCE.md §5, and gradients are checked by finite differences.
+in numpy from each method's published formula (GRPO: Shao et al. 2024; DAPO: Yu et al. 2025; GSPO:
+Zheng et al. 2025), and gradients are checked by finite differences.
 """
 
 import jax
@@ -180,6 +181,7 @@ def test_dpa_loss_equals_core_on_hand_scored_pairs(tiny, kl):
   np.testing.assert_allclose(metrics["proposal/tie_fraction"], 1.0)
 
 
+@pytest.mark.slow
 def test_dpa_loss_gradient_matches_finite_differences(tiny):
   model, ref, _, _, batch = tiny
   cfg = losses.DPALossConfig(

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dpa_grpo import rollout, train
+from dpa_grpo import packing, rollout
 from dpa_grpo.envs import forms
 
 
@@ -41,9 +41,12 @@ def test_config_rejects_unknown_choices():
 
 
 def test_chunk_shares_add_up_to_the_step_mean():
-  items = [train.Item([5, 6], ([7], [8, 9]), (1.0, 0.0), i % 2) for i in range(5)]
-  items.append(train.Item([5], ([9, 9, 9], ()), penalty=(0.5, 0.0)))
-  chunks = train.dpa_chunks(items, 2, 4, pad_id=0)
+  items = [
+    packing.Item(prompt=[5, 6], completions=([7], [8, 9]), rewards=(1.0, 0.0), component=i % 2)
+    for i in range(5)
+  ]
+  items.append(packing.Item(prompt=[5], completions=([9, 9, 9], ()), penalty=(0.5, 0.0)))
+  chunks = packing.dpa_chunks(items, 2, 4, pad_id=0)
   assert len(chunks) == 2 and all(c["tokens"].shape == (8, 64) for c in chunks)
   np.testing.assert_allclose(sum(c["share"] for c in chunks), [1.0, 1.0])
   assert list(chunks[1]["component"]) == [0, -1, -1, -1]  # one item, the penalty row, two pads

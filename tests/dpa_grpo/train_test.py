@@ -18,8 +18,11 @@ import pytest
 
 from configs import dpa_grpo as dpa_config
 from dpa_grpo import game, train
+from dpa_grpo.config import ExperimentConfig
 from lm import checkpoint as ckpt_lib
 from lm import rundir
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # tiny end-to-end runs, one in a subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
@@ -32,12 +35,13 @@ OVERRIDES = {
 }
 
 
-def _config(preset="tiny"):
+def _config(preset="tiny", **train_overrides):
   c = dpa_config.get_config(preset)
   for key, value in OVERRIDES.items():
     section, field = key.split(".")
     c[section][field] = value
-  return c
+  c.train.update(train_overrides)
+  return ExperimentConfig.from_dict(c.to_dict())
 
 
 def _final_params(workdir, trainer_like):
@@ -123,9 +127,7 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
 
 
 def test_generator_only_baseline_trains(tmp_path):
-  config = _config("tiny_grpo")
-  config.train.steps = 1
-  config.train.eval_every = 1
+  config = _config("tiny_grpo", steps=1, eval_every=1)
   summary = train.run(config, str(tmp_path))
   entries = list(rundir.read_jsonl(os.path.join(tmp_path, "metrics.jsonl")))
   step = next(e for e in entries if "eval" not in e)

@@ -1,0 +1,315 @@
+"""The experiment's typed configuration, built once at the launcher from `configs/dpa_grpo.py`.
+
+`ExperimentConfig.from_dict(config_dict.to_dict())` turns the ConfigDict into frozen, keyword-only
+dataclasses, one per section; an unknown key fails there with its name, a bad value in the
+section's `__post_init__`. Library functions take the sub-config they read (`DataConfig`,
+`LossConfig`, ...), so a signature says what a function depends on.
+
+Each comparison method's loss settings live under `baseline.<method>` (defaults: that method's
+paper), so an override such as `--config.baseline.grpo.beta=0.1` reaches the GRPO run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from dpa_grpo import game, losses, rollout
+from dpa_grpo.envs import taxcalc
+from lm import sharding
+
+METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
+BASELINES = losses.BASELINES
+TURNS = ("draft", "verify", "revise", "decide")
+SCHEDULES = ("constant", "cosine")
+KL_ESTIMATORS = ("k1", "k3", "exact")
+WEIGHTINGS = ("pair", "policy")
+
+
+def build(cls, values: Mapping[str, Any], where: str):
+  """`cls(**values)`, refusing keys `cls` does not have by name (`where` says which section)."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - names)
+  if unknown:
+    raise ValueError(f"config.{where}: unknown key(s) {unknown}; known: {sorted(names)}")
+  return cls(**values)
+
+
+def _tuple(value) -> tuple:
+  return tuple(_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+  """The backbone: an HF checkpoint directory, or (empty) an `lm.config.ModelConfig` preset
+  initialised from the seed with `overrides` (vocab / eos / pad default to the tokenizer's). The
+  tokenizer is `tokenizer`, else the checkpoint's, else one fitted to the task (`tokenizer_vocab`
+  ids) in the run directory."""
+
+  preset: str = "tiny_qwen3"
+  checkpoint: str = ""
+  tokenizer: str = ""
+  tokenizer_vocab: int = 1024
+  dtype: str = "float32"
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if not self.checkpoint and self.tokenizer_vocab <= 0:
+      raise ValueError(f"model.tokenizer_vocab must be > 0, got {self.tokenizer_vocab}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticConfig:
+  """Synthetic forms (`dpa_grpo.envs.forms.generate_cases`)."""
+
+  n: int = 50
+  seed: int = 0
+  difficulty: int = 0
+
+  def __post_init__(self):
+    if self.n <= 0:
+      raise ValueError(f"data.synthetic.n must be > 0, got {self.n}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+  """Cases: TaxCalcBench at `root` (…/tax_calc_bench/ty24/test_data), else synthetic forms; split
+  by `split_seed`; `batch_cases` cases per training step (each one decision unit per line)."""
+
+  root: str = ""
+  synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
+  test_fraction: float = 0.2
+  split_seed: int = 42
+  batch_cases: int = 4
+
+  def __post_init__(self):
+    if not 0.0 < self.test_fraction < 1.0:
+      raise ValueError(f"data.test_fraction must be in (0, 1), got {self.test_fraction}")
+    if self.batch_cases <= 0:
+      raise ValueError(f"data.batch_cases must be > 0, got {self.batch_cases}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig:
+  """The DPA-GRPO loss (`dpa_grpo.losses`): β, KL estimator (k1 = the reference code; k3; exact),
+  weighting of the pair (pair = the paper's mean; policy = the on-policy expectation), the
+  generator's component weights, the penalty on an unreadable reply, the vocabulary chunk."""
+
+  beta: float = 0.04
+  kl: str = "k1"
+  weighting: str = "pair"
+  decision_weight: float = 1.0
+  proposal_weight: float = 1.0
+  invalid_penalty: float = 0.1
+  vocab_chunk: int = 8192
+
+  def __post_init__(self):
+    if self.beta < 0:
+      raise ValueError(f"loss.beta must be >= 0, got {self.beta}")
+    if self.kl not in KL_ESTIMATORS:
+      raise ValueError(f"loss.kl must be one of {KL_ESTIMATORS}, got {self.kl!r}")
+    if self.weighting not in WEIGHTINGS:
+      raise ValueError(f"loss.weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+    if self.invalid_penalty < 0:
+      raise ValueError(f"loss.invalid_penalty must be >= 0, got {self.invalid_penalty}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MethodLoss:
+  """One generator-only method's loss settings: KL weight and clip range."""
+
+  beta: float
+  eps_low: float
+  eps_high: float
+
+  def __post_init__(self):
+    if self.beta < 0 or self.eps_low < 0 or self.eps_high < 0:
+      raise ValueError(f"baseline beta / eps must be >= 0, got {self}")
+
+
+def _paper(method: str) -> MethodLoss:
+  paper = losses.BaselineConfig.paper(method)
+  return MethodLoss(beta=paper.beta, eps_low=paper.eps_low, eps_high=paper.eps_high)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaselineConfig:
+  """The generator-only methods: each method's own settings (defaults: its paper's, as
+  `losses.BaselineConfig.paper` records them), and DAPO's overlong cache."""
+
+  grpo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("grpo"))
+  dapo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("dapo"))
+  gspo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("gspo"))
+  overlong_cache: int = 512
+
+  def method(self, name: str) -> MethodLoss:
+    if name not in BASELINES:
+      raise ValueError(f"baseline method must be one of {BASELINES}, got {name!r}")
+    return getattr(self, name)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+  """Adapters (one per role) on a frozen backbone; `enabled=False` fine-tunes the backbone."""
+
+  enabled: bool = True
+  rank: int = 16
+  alpha: float = 32.0
+  targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.enabled and self.rank <= 0:
+      raise ValueError(f"lora.rank must be > 0, got {self.rank}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+  """AdamW with global-norm clipping; warmup then a constant or cosine learning rate."""
+
+  lr: float = 1e-5
+  schedule: str = "constant"
+  warmup_steps: int = 0
+  end_lr: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.0
+  max_grad_norm: float = 1.0
+
+  def __post_init__(self):
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"config.optim.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+    if self.lr < 0 or self.warmup_steps < 0:
+      raise ValueError(f"optim.lr and optim.warmup_steps must be >= 0, got {self.lr}, {self.warmup_steps}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """The loop: steps, evaluation / patience / checkpoint cadence, chunk sizes, export, progress."""
+
+  steps: int = 30
+  eval_every: int = 5
+  patience: int = 2
+  checkpoint_every: int = 5
+  keep_checkpoints: int = 2
+  pairs_per_chunk: int = 32  # items per gradient-accumulation chunk (rounded to the mesh's batch axes)
+  groups_per_chunk: int = 4
+  export_hf: bool = False
+  progress: bool = True
+
+  def __post_init__(self):
+    for name in ("eval_every", "checkpoint_every", "pairs_per_chunk", "groups_per_chunk"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)}")
+    if self.steps < 0:
+      raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmStartConfig:
+  """The supervised warm start (`dpa_grpo.warm_start`); steps=0: none.
+
+  Attributes:
+    steps, batch_size, learning_rate, warmup_steps: `lm.sft.SFTConfig` knobs.
+    wrong_fraction: share of verifier examples whose proposal is corrupted.
+    turns: which turns get examples (see `dpa_grpo.warm_start`).
+    seed: example sampling, corruption and batch order.
+  """
+
+  steps: int = 300
+  batch_size: int = 16
+  learning_rate: float = 3e-3
+  warmup_steps: int = 20
+  wrong_fraction: float = 0.5
+  turns: tuple[str, ...] = TURNS
+  seed: int = 0
+
+  def __post_init__(self):
+    unknown = set(self.turns) - set(TURNS)
+    if unknown:
+      raise ValueError(f"warm-start turns must be among {TURNS}, got {sorted(unknown)}")
+
+
+def rollout_config(values: Mapping[str, Any]) -> rollout.RolloutConfig:
+  """`rollout.RolloutConfig` of the config's section; lines=() means all 19 in form order."""
+  values = dict(values)
+  values["lines"] = tuple(values.get("lines") or ()) or taxcalc.LINE_IDS
+  return build(rollout.RolloutConfig, values, "rollout")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+  """One experiment: `method` from `model` on `data`, and the `compare` methods beside it."""
+
+  seed: int = 0
+  method: str = "dpa_grpo"
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  rollout: rollout.RolloutConfig = dataclasses.field(default_factory=rollout.RolloutConfig)
+  loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+  baseline: BaselineConfig = dataclasses.field(default_factory=BaselineConfig)
+  lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+  optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+  warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+  compare: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    for method in (self.method, *self.compare):
+      if method not in METHODS:
+        raise ValueError(f"config.method / compare must be among {METHODS}, got {method!r}")
+
+  @property
+  def roles(self) -> tuple[str, ...]:
+    """The trained roles: both for DPA-GRPO (in `game.ROLES` order, which seeds their adapters),
+    the generator alone for the others."""
+    return game.ROLES if self.method == "dpa_grpo" else ("generator",)
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> ExperimentConfig:
+    """The typed config of a ConfigDict's `to_dict()`; unknown keys fail with their name."""
+    v = dict(values)
+    sections = {
+      "model": lambda d: build(ModelConfig, {**d, "overrides": dict(d.get("overrides", {}))}, "model"),
+      "data": lambda d: build(
+        DataConfig,
+        {**d, "synthetic": build(SyntheticConfig, d.get("synthetic", {}), "data.synthetic")},
+        "data",
+      ),
+      "rollout": rollout_config,
+      "loss": lambda d: build(LossConfig, d, "loss"),
+      "baseline": lambda d: build(
+        BaselineConfig,
+        {k: build(MethodLoss, x, f"baseline.{k}") if k in BASELINES else x for k, x in d.items()},
+        "baseline",
+      ),
+      "lora": lambda d: build(
+        LoRAConfig, {**d, "targets": _tuple(d.get("targets", LoRAConfig.targets))}, "lora"
+      ),
+      "optim": lambda d: build(OptimConfig, d, "optim"),
+      "train": lambda d: build(TrainConfig, d, "train"),
+      "mesh": lambda d: build(sharding.MeshConfig, d, "mesh"),
+      "warm_start": lambda d: build(
+        WarmStartConfig, {**d, **({"turns": _tuple(d["turns"])} if "turns" in d else {})}, "warm_start"
+      ),
+    }
+    for name, make in sections.items():
+      if name in v:
+        v[name] = make(dict(v[name]))
+    if "compare" in v:
+      v["compare"] = tuple(v["compare"])
+    return build(cls, v, "")
+
+  def to_dict(self) -> dict[str, Any]:
+    """The resolved config as plain JSON-able values (what `config.json` holds)."""
+    return dataclasses.asdict(self)
+
+  def for_method(self, method: str, checkpoint: str = "") -> ExperimentConfig:
+    """This experiment's settings for `method` (from `checkpoint`, if given); zero_shot trains 0
+    steps. Every other setting — a comparison method's `baseline.<method>` included — is kept."""
+    model = dataclasses.replace(self.model, checkpoint=checkpoint) if checkpoint else self.model
+    train = dataclasses.replace(self.train, steps=0) if method == "zero_shot" else self.train
+    return dataclasses.replace(self, method=method, model=model, train=train)

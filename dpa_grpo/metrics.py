@@ -1,0 +1,79 @@
+"""Evaluation metrics of played units and groups: accuracies with Wilson intervals, the 8-case
+table, and the flattening of a metrics dict into TensorBoard scalars."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpa_grpo import game, rollout
+from dpa_grpo.envs import taxcalc
+from lm import stats
+
+BEST_METRIC = "accuracy"  # post-revision accuracy (DPA-GRPO); draft accuracy (generator-only)
+
+
+def per_line(units_or_groups, flag: str) -> dict[str, dict[str, float]]:
+  """Accuracy of each line with its Wilson 95% interval."""
+  out = {}
+  lines = sorted({u.line_id for u in units_or_groups}, key=taxcalc.LINE_IDS.index)
+  for line_id in lines:
+    hits = [bool(getattr(u, flag)) for u in units_or_groups if u.line_id == line_id]
+    low, high = stats.wilson_interval(sum(hits), len(hits))
+    out[line_id] = {"accuracy": sum(hits) / len(hits), "ci_low": low, "ci_high": high, "n": len(hits)}
+  return out
+
+
+def game_metrics(units: Sequence[rollout.Unit]) -> dict[str, Any]:
+  """Accuracies, SAC / revise rates, invalid replies and the 8-case table of played units."""
+  n = len(units)
+  challenged = [u for u in units if u.challenged]
+  pre = sum(u.x_right for u in units)
+  post = sum(u.submitted_right for u in units)
+  return {
+    BEST_METRIC: post / n,
+    "accuracy_ci": stats.wilson_interval(post, n),
+    "pre_revision_accuracy": pre / n,
+    "pre_revision_accuracy_ci": stats.wilson_interval(pre, n),
+    "sac_rate": len(challenged) / n,
+    "revise_rate": sum(u.generator_action == game.REVISE for u in challenged) / max(len(challenged), 1),
+    "invalid_verdicts": sum(not u.verdict.parsed.valid for u in units),
+    "invalid_decisions": sum(not u.decision.parsed.valid for u in challenged),
+    "units": n,
+    "cases": game.case_table(u.case for u in units),
+    "per_line_post": per_line(units, "submitted_right"),
+    "per_line_pre": per_line(units, "x_right"),
+  }
+
+
+@dataclasses.dataclass
+class _GroupView:
+  line_id: str
+  right: bool
+
+
+def draft_metrics(groups: Sequence[rollout.Group]) -> dict[str, Any]:
+  """Accuracy of the first completion of each group (the greedy draft in evaluation)."""
+  views = [_GroupView(g.line_id, g.rewards[0] > 0) for g in groups]
+  hits = sum(v.right for v in views)
+  return {
+    BEST_METRIC: hits / len(views),
+    "accuracy_ci": stats.wilson_interval(hits, len(views)),
+    "units": len(views),
+    "per_line": per_line(views, "right"),
+  }
+
+
+def scalars(prefix: str, metrics: dict[str, Any]) -> dict[str, float]:
+  """The numeric leaves of a metrics dict, flattened as `prefix/key/...` for TensorBoard."""
+  flat = {}
+  for key, value in metrics.items():
+    name = f"{prefix}/{key}"
+    if isinstance(value, dict):
+      flat.update(scalars(name, value))
+    elif isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
+      flat[name] = float(value)
+  return flat
