@@ -124,12 +124,13 @@ class Trainer:
   # -- checkpoints --
 
   def restore(self) -> int:
-    """Resumes from the newest complete checkpoint; returns the step to continue after."""
-    step = self.checkpoints.latest_step()
-    if step is None:
-      return -1
+    """Resumes from the newest checkpoint that restores (a damaged newer one is set aside with a
+    warning, `CheckpointManager.restore_latest`); returns the step to continue after."""
     target = ckpt_lib.abstract_like({"params": self.trainable, "opt_state": self.opt_state})
-    restored, meta = self.checkpoints.restore(step, target)
+    latest = self.checkpoints.restore_latest(target)
+    if latest is None:
+      return -1
+    step, restored, meta = latest
     self.trainable, self.opt_state = restored["params"], restored["opt_state"]
     self.state = meta
     self._refresh_samplers()

@@ -24,6 +24,7 @@ coordinates the writes (each host writes its shards, the primary host the metada
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Any, Literal
@@ -129,6 +130,18 @@ class CheckpointManager:
     )
     # Handlers named up front, so a fresh manager can read metadata before the first restore.
     handlers = {_STATE: ocp.StandardCheckpointHandler(), _METADATA: ocp.JsonCheckpointHandler()}
+    unopenable = _unopenable_steps(self.directory)
+    if unopenable:
+      # Orbax reads every step's metadata file when a manager opens (to rank steps by metric), so
+      # one garbled file would stop the run from opening its checkpoints at all.
+      self._set_aside([s for s, _ in unopenable], reload=False)
+      logging.warning(
+        "checkpoint step%s %s in %s cannot be read (%s); renamed to <step>.damaged, older steps remain",
+        "s" if len(unopenable) > 1 else "",
+        ", ".join(str(s) for s, _ in unopenable),
+        self.directory,
+        unopenable[0][1],
+      )
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def all_steps(self) -> list[int]:
@@ -242,7 +255,7 @@ class CheckpointManager:
       ) from damaged[0][1]
     return None
 
-  def _set_aside(self, steps: list[int]) -> None:
+  def _set_aside(self, steps: list[int], reload: bool = True) -> None:
     """Renames damaged step directories out of orbax's view (digits-only names are steps)."""
     if jax.process_index() == 0:
       for step in steps:
@@ -251,7 +264,8 @@ class CheckpointManager:
         while os.path.exists(aside):
           aside, n = f"{path}.damaged.{n}", n + 1
         os.rename(path, aside)
-    self._manager.reload()
+    if reload:
+      self._manager.reload()
 
   def wait_until_finished(self) -> None:
     """Blocks until an asynchronous save is finalised on disk."""
@@ -265,6 +279,24 @@ class CheckpointManager:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def _unopenable_steps(directory: str) -> list[tuple[int, str]]:
+  """Finalised steps whose orbax metadata file (`_CHECKPOINT_METADATA`) is not a JSON object."""
+  if "://" in directory or not os.path.isdir(directory):
+    return []
+  found = []
+  for name in sorted(os.listdir(directory), key=lambda n: (len(n), n)):
+    path = os.path.join(directory, name, "_CHECKPOINT_METADATA")
+    if not name.isdigit() or not os.path.isfile(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        if not isinstance(json.load(f), dict):
+          raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+      found.append((int(name), f"{path}: {type(e).__name__}: {str(e)[:200]}"))
+  return found
 
 
 def _check_target(saved: PyTree, target: PyTree, path: str) -> None:

@@ -133,3 +133,34 @@ def test_generator_only_baseline_trains(tmp_path):
   step = next(e for e in entries if "eval" not in e)
   assert np.isfinite(step["generator/loss"]) and "verifier/loss" not in step
   assert summary["method"] == "grpo" and set(summary["before"]["per_line"]) == {"1a"}
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(uninterrupted, tmp_path, caplog):
+  """The newest step zeroed on disk: the run resumes from the step before, warns once naming the
+  damaged step, redoes the last step and ends bit-identical to the uninterrupted run."""
+  import shutil
+
+  workdir_a, config, _ = uninterrupted
+  workdir_c = str(tmp_path / "damaged")
+  shutil.copytree(workdir_a, workdir_c)
+  newest = os.path.join(workdir_c, "checkpoints", str(STEPS))
+  files = [os.path.join(d, f) for d, _, names in os.walk(newest) for f in names]
+  assert files
+  for path in files:
+    size = os.path.getsize(path)
+    with open(path, "wb") as f:
+      f.write(b"\0" * size)
+  with caplog.at_level("WARNING"):
+    train.run(config, workdir_c)
+  warnings = [
+    r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "damaged" in r.getMessage()
+  ]
+  assert len(warnings) == 1 and f"step {STEPS} " in warnings[0], warnings
+  assert os.path.isdir(newest + ".damaged")
+
+  trainer_like = train.Trainer(config, workdir_a)
+  params_a, meta_a = _final_params(workdir_a, trainer_like)
+  params_c, meta_c = _final_params(workdir_c, trainer_like)
+  for a, c in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_c), strict=True):
+    assert np.asarray(a).tobytes() == np.asarray(c).tobytes()
+  assert meta_a == meta_c
