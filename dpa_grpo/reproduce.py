@@ -28,8 +28,11 @@ from lm import rundir
 _log = logging.getLogger(__name__)
 
 
-def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
-  """Runs every stage (skipping finished ones) and returns the report's summary."""
+def run(
+  config: config_lib.ExperimentConfig, workdir: str, *, allow_config_change: bool = False
+) -> dict[str, Any]:
+  """Runs every stage (skipping finished ones) and returns the report's summary. Each stage's
+  directory follows `allow_config_change` as the top one does (`lm.rundir.prepare_workdir`)."""
   checkpoint = config.model.checkpoint
   if config.warm_start.steps > 0 and not checkpoint:
     train_cases, _ = setup.load_data(config.data)
@@ -38,5 +41,8 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
   for method in methods:
     _log.info("running %s", method)
     method_cfg = config.for_method(method, checkpoint)
-    train.run(method_cfg, rundir.prepare_workdir(os.path.join(workdir, method), method_cfg))
+    train.run(
+      method_cfg,
+      rundir.prepare_workdir(os.path.join(workdir, method), method_cfg, allow_changes=allow_config_change),
+    )
   return report.write(workdir, config, methods)

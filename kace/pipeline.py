@@ -144,7 +144,13 @@ def build(
   return out
 
 
-def table(config: config_lib.KaceConfig, workdir: str, embedder: embed.Embedder | None = None) -> dict:
+def table(
+  config: config_lib.KaceConfig,
+  workdir: str,
+  embedder: embed.Embedder | None = None,
+  *,
+  allow_config_change: bool = False,
+) -> dict:
   """Every method of `config.table.methods` on every benchmark of `config.table.benchmarks`: builds
   into `workdir/<bench>/build`, evaluates into `workdir/<bench>/eval`, then writes `table.md` and
   `table.png`. Returns {bench: {method: metrics}}."""
@@ -157,7 +163,9 @@ def table(config: config_lib.KaceConfig, workdir: str, embedder: embed.Embedder 
       learn=dataclasses.replace(c.learn, dir=os.path.join(workdir, bench, "build")),
       kace=dataclasses.replace(c.kace, tree=built["kace"]) if "kace" in built else c.kace,
     )
-    eval_dir = rundir.prepare_workdir(os.path.join(workdir, bench, "eval"), c)
+    eval_dir = rundir.prepare_workdir(
+      os.path.join(workdir, bench, "eval"), c, allow_changes=allow_config_change
+    )
     results[bench] = evaluate.run(c, eval_dir)
   rundir.write_json(os.path.join(workdir, "table.json"), results)
   rundir.atomic_write_text(os.path.join(workdir, "table.md"), table_markdown(results, config.table.methods))

@@ -15,18 +15,18 @@ from ml_collections import config_flags
 
 from dpa_grpo import reproduce
 from dpa_grpo.config import ExperimentConfig
-from lm import rundir, sharding
+from launch import common
+from lm import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
 
 
 def main(argv):
   del argv
   sharding.initialize_distributed()
   config = ExperimentConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
-  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
-  reproduce.run(config, workdir)
+  workdir = common.prepare_workdir(config)
+  reproduce.run(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
 
 
 if __name__ == "__main__":

@@ -10,17 +10,17 @@ from ml_collections import config_flags
 
 from kace import config as kace_config
 from kace import pipeline
-from lm import rundir, sharding
+from launch import common
+from lm import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
 
 
 def main(_):
   sharding.initialize_distributed()
   config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
-  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
-  pipeline.table(config, workdir)
+  workdir = common.prepare_workdir(config)
+  pipeline.table(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
   print(open(f"{workdir}/table.md").read())
 
 

@@ -8,16 +8,16 @@ from ml_collections import config_flags
 
 from dpa_grpo import plots
 from dpa_grpo.theory_config import TheoryConfig
-from lm import rundir, sharding
+from launch import common
+from lm import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/theory.py", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; rewritten if it exists).")
 
 
 def main(_):
   sharding.initialize_distributed()
   config = TheoryConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
-  workdir = rundir.prepare_workdir(_WORKDIR.value, config)
+  workdir = common.prepare_workdir(config)
   plots.run_theory(config, workdir)
 
 

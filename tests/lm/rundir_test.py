@@ -72,7 +72,8 @@ def test_a_truncated_config_json_is_an_error_naming_the_file(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_a_launcher_refuses_a_workdir_of_another_config(tmp_path):
-  """`launch.theory` rerun with another β stops before computing anything, naming the key."""
+  """`launch.theory` rerun with another β stops before computing anything, naming the key; with
+  --allow_config_change it runs and keeps the old config beside."""
   old = theory_config.get_config("smoke")
   old.loss.beta = 0.2
   rundir.prepare_workdir(tmp_path, old)
@@ -88,3 +89,12 @@ def test_a_launcher_refuses_a_workdir_of_another_config(tmp_path):
   assert result.returncode != 0
   assert "loss.beta differ" in result.stderr
   assert sorted(os.listdir(tmp_path)) == ["config.json"]  # nothing was computed
+  # The same rerun with the flag that says the change is meant: it runs, the old config kept beside.
+  result = subprocess.run(
+    [*command, "--allow_config_change"], capture_output=True, text=True, timeout=600, env=env, check=False
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert rundir.read_json(tmp_path / "config.1.json")["loss"]["beta"] == 0.2
+  assert (
+    rundir.read_json(tmp_path / "config.json")["loss"]["beta"] == theory_config.get_config("smoke").loss.beta
+  )
