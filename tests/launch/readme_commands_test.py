@@ -117,7 +117,7 @@ def _kace_smoke_overrides(tmp_path):
     "--config.sampling.max_tokens=6", "--config.role_sampling.max_tokens=8", "--config.data.limit=2",
     "--config.eval.solve_rate_k=0", "--config.eval.bootstrap=50", "--config.eval.batch_size=8",
     "--config.grader.workers=1", "--config.learn.train_limit=4", "--config.learn.retries=0",
-    "--config.learn.attempt_chars=40", "--config.learn.failures_per_prompt=1", "--config.learn.max_cards=1",
+    "--config.learn.attempt_tokens=16", "--config.learn.failures_per_prompt=1", "--config.learn.max_cards=1",
     f"--config.learn.embedder_dir={bert}", f"--config.retrieval.model_dir={bert}",
   ]  # fmt: skip
 
