@@ -252,7 +252,7 @@ def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[s
       f"| {LABELS.get(m, m)} | {max(by_step)} | {_fmt(first['accuracy'], first['accuracy_ci'])} | "
       f"{_fmt(last['accuracy'], last['accuracy_ci'])} |"
     )
-  md += ["", "Paper (TaxCalcBench TY24, REFERENCE.md §1) beside this run:", ""]
+  md += ["", "Paper (arXiv 2605.08327: TaxCalcBench TY24, per-line strict accuracy) beside this run:", ""]
   md += ["| method | " + " | ".join(PAPER) + " | this run |", "|---|" + "---|" * (len(PAPER) + 1)]
   for m in LABELS:
     ours = summary["methods"].get(m, {}).get("after")
