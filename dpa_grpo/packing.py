@@ -103,14 +103,7 @@ def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -
   return items
 
 
-def dpa_items(
-  units: Sequence[rollout.Unit],
-  tokenizer,
-  loss: config_lib.LossConfig | None = None,
-  *,
-  invalid_penalty: float | None = None,
-  proposal_weight: float | None = None,
-) -> dict[str, list[Item]]:
+def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossConfig) -> dict[str, list[Item]]:
   """Each role's items: verdict pairs for every unit; decision and proposal pairs after a SAC.
 
   Verifier: [NS, SAC] canonical strings on the verifier prompt, rewards [S_x, 1 − S_x] (none on a
@@ -122,12 +115,6 @@ def dpa_items(
   (`revision_items`, with revision_weight > 0). An invalid reply adds an item whose first row is
   that reply, penalised (component −1).
   """
-  overrides = {
-    k: v
-    for k, v in dict(invalid_penalty=invalid_penalty, proposal_weight=proposal_weight).items()
-    if v is not None
-  }
-  loss = dataclasses.replace(loss or config_lib.LossConfig(), **overrides)
   encode = tokenizer.encode
   verdict_pair = tuple(encode(s) for s in game.VERIFIER_PAIR)
   decision_pair = tuple(encode(s) for s in game.GENERATOR_PAIR)
