@@ -73,6 +73,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       invalid_verdict_action="SAC",
       invalid_decision_action="KEEP",
       group_size=8,
+      missing_as_zero=False,  # the reference evaluator reads a missing amount as 0.0
+      context="submitted",  # later lines show the submitted amount, or (reference) the draft x
+      group_carry="first",  # generator-only: the draft carried to later lines (reference: best)
     )
   )
   # DPA-GRPO loss (dpa_grpo.losses): β, KL estimator (k1 = the reference code; k3; exact), weighting
@@ -86,6 +89,14 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       proposal_weight=1.0,
       invalid_penalty=0.1,
       vocab_chunk=8192,
+      # The reference code's mechanisms (dpa_grpo.config.LossConfig; on in the paper presets).
+      decision_rewards="outcome",
+      cave_penalty=0.2,
+      miss_penalty=0.3,
+      outcome_bonus=0.5,
+      case_weights=False,
+      revision_weight=0.0,
+      skip_verifier_on_invalid_draft=False,
     )
   )
   # Generator-only methods, each with its own settings (defaults: its paper's — GRPO, Shao et al.
@@ -94,6 +105,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   # --config.baseline.grpo.beta=0.1 applies to that method wherever it runs (main or compared).
   c.baseline = ml_collections.ConfigDict(
     dict(
+      mode="library",  # or "reference": the reference code's pair-loss baseline (BaselineConfig)
       grpo=dict(beta=0.04, eps_low=0.2, eps_high=0.2),
       dapo=dict(beta=0.0, eps_low=0.2, eps_high=0.28),
       gspo=dict(beta=0.0, eps_low=3e-4, eps_high=4e-4),
@@ -102,7 +114,12 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   )
   c.lora = ml_collections.ConfigDict(
     dict(
-      enabled=True, rank=16, alpha=32.0, targets=("q", "k", "v", "o", "gate", "up", "down"), dtype="float32"
+      enabled=True,
+      rank=16,
+      alpha=32.0,
+      targets=("q", "k", "v", "o", "gate", "up", "down"),
+      dtype="float32",
+      dropout=0.0,
     )
   )
   c.optim = ml_collections.ConfigDict(
@@ -129,6 +146,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       groups_per_chunk=4,
       export_hf=False,
       progress=True,
+      update_every="step",  # or "case": one AdamW update per case (the reference)
+      eval_cases=0,  # evaluate / select on the first n test cases (0: all; the reference: 8)
+      min_steps=0,  # no early stop before this step (the reference: 10)
     )
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
@@ -185,11 +205,37 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   elif size in ("qwen3_4b", "qwen3_8b"):
     c.model.preset = size
     c.model.dtype = "bfloat16"
-    c.data.batch_cases = 4
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tp=1))
+    _reference_training(c)
   if method == "zero_shot":
     c.train.steps = 0
   return c
+
+
+def _reference_training(c: ml_collections.ConfigDict) -> None:
+  """The paper's training as its reference code runs it (docs/dpa_grpo.md, fidelity table)."""
+  c.data.batch_cases = 10  # cases per step, each followed by its own AdamW update
+  c.train.update(update_every="case", eval_cases=8, min_steps=10)
+  c.rollout.update(
+    verdict_tokens=2048,
+    decision_tokens=256,
+    keep_rule="first",  # the revision shown to the decision: the first of the K samples
+    missing_as_zero=True,
+    context="draft",
+    group_size=2,
+    group_carry="best",
+  )
+  c.loss.update(
+    decision_rewards="shaped",
+    case_weights=True,
+    revision_weight=1.0,
+    skip_verifier_on_invalid_draft=True,
+    proposal_weight=0.0,
+    invalid_penalty=0.0,
+  )
+  c.baseline.mode = "reference"
+  c.optim.update(weight_decay=0.01, max_grad_norm=0.0)
+  c.lora.update(rank=8, alpha=32.0)  # dropout 0.05 in the reference: not implemented (LoRAConfig)
 
 
 def get_sweep(h):

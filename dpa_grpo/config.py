@@ -25,6 +25,9 @@ TURNS = ("draft", "verify", "revise", "decide")
 SCHEDULES = ("constant", "cosine")
 KL_ESTIMATORS = ("k1", "k3", "exact")
 WEIGHTINGS = ("pair", "policy")
+DECISION_REWARDS = ("outcome", "shaped")
+UPDATE_SCHEDULES = ("step", "case")
+BASELINE_MODES = ("library", "reference")
 
 
 def build(cls, values: Mapping[str, Any], where: str):
@@ -94,7 +97,19 @@ class DataConfig:
 class LossConfig:
   """The DPA-GRPO loss (`dpa_grpo.losses`): β, KL estimator (k1 = the reference code; k3; exact),
   weighting of the pair (pair = the paper's mean; policy = the on-policy expectation), the
-  generator's component weights, the penalty on an unreadable reply, the vocabulary chunk."""
+  generator's component weights, the penalty on an unreadable reply, the vocabulary chunk.
+
+  The reference code's mechanisms, each off by default (the CPU presets) and on in the paper
+  presets (docs/dpa_grpo.md, fidelity table):
+    decision_rewards: KEEP/REVISE rewards — "outcome" ([S_x, S_z]: ties when x and z are both
+      right or both wrong) or "shaped" (x right → KEEP; x and z wrong → KEEP; z unparsable →
+      KEEP; x wrong and z right → REVISE; cave / miss penalties and the outcome bonus set the
+      magnitudes, see `packing.decision_rewards`).
+    case_weights: inverse-frequency weights of the 8 cases on the generator's decision pairs.
+    revision_weight: weight of the revise turn's own group (the K revisions on the revise prompt,
+      reward S_z); 0: the revise prompt gets no loss.
+    skip_verifier_on_invalid_draft: no verifier pair on units whose draft x is unparsable.
+  """
 
   beta: float = 0.04
   kl: str = "k1"
@@ -103,6 +118,13 @@ class LossConfig:
   proposal_weight: float = 1.0
   invalid_penalty: float = 0.1
   vocab_chunk: int = 8192
+  decision_rewards: str = "outcome"
+  cave_penalty: float = 0.2
+  miss_penalty: float = 0.3
+  outcome_bonus: float = 0.5
+  case_weights: bool = False
+  revision_weight: float = 0.0
+  skip_verifier_on_invalid_draft: bool = False
 
   def __post_init__(self):
     if self.beta < 0:
@@ -113,6 +135,12 @@ class LossConfig:
       raise ValueError(f"loss.weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
     if self.invalid_penalty < 0:
       raise ValueError(f"loss.invalid_penalty must be >= 0, got {self.invalid_penalty}")
+    if self.decision_rewards not in DECISION_REWARDS:
+      raise ValueError(
+        f"loss.decision_rewards must be one of {DECISION_REWARDS}, got {self.decision_rewards!r}"
+      )
+    if self.revision_weight < 0:
+      raise ValueError(f"loss.revision_weight must be >= 0, got {self.revision_weight}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,12 +164,24 @@ def _paper(method: str) -> MethodLoss:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BaselineConfig:
   """The generator-only methods: each method's own settings (defaults: its paper's, as
-  `losses.BaselineConfig.paper` records them), and DAPO's overlong cache."""
+  `losses.BaselineConfig.paper` records them), and DAPO's overlong cache.
 
+  `mode`: "library" — each method's own objective (clipping, k3 or no KL, its aggregation) on
+  groups of `rollout.group_size`; "reference" — the DPA-GRPO reference code's generator-only
+  baseline: the pair loss of DPA-GRPO (−A·ℓ + β(ℓ − ℓ_ref), ½ per draft, k1, length-normalised,
+  β the method's own) on groups of 2 drafts, tied groups skipped (set `rollout.group_size=2` and
+  `rollout.group_carry="best"` with it, as the paper presets do).
+  """
+
+  mode: str = "library"
   grpo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("grpo"))
   dapo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("dapo"))
   gspo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("gspo"))
   overlong_cache: int = 512
+
+  def __post_init__(self):
+    if self.mode not in BASELINE_MODES:
+      raise ValueError(f"baseline.mode must be one of {BASELINE_MODES}, got {self.mode!r}")
 
   def method(self, name: str) -> MethodLoss:
     if name not in BASELINES:
@@ -151,22 +191,32 @@ class BaselineConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoRAConfig:
-  """Adapters (one per role) on a frozen backbone; `enabled=False` fine-tunes the backbone."""
+  """Adapters (one per role) on a frozen backbone; `enabled=False` fine-tunes the backbone.
+
+  `dropout` (the reference's 0.05 on the adapter input) is not implemented: `lm.lora` applies the
+  adapters deterministically inside jitted, donated steps with no dropout key; a nonzero value is
+  refused rather than silently ignored (docs/dpa_grpo.md, fidelity table)."""
 
   enabled: bool = True
   rank: int = 16
   alpha: float = 32.0
   targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
   dtype: str = "float32"
+  dropout: float = 0.0
 
   def __post_init__(self):
     if self.enabled and self.rank <= 0:
       raise ValueError(f"lora.rank must be > 0, got {self.rank}")
+    if self.dropout != 0.0:
+      raise ValueError(
+        f"lora.dropout={self.dropout} is not implemented (adapters run without dropout); set it to 0.0"
+      )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-  """AdamW with global-norm clipping; warmup then a constant or cosine learning rate."""
+  """AdamW with global-norm clipping (max_grad_norm <= 0: none, as the reference code); warmup then
+  a constant or cosine learning rate."""
 
   lr: float = 1e-5
   schedule: str = "constant"
@@ -187,7 +237,15 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-  """The loop: steps, evaluation / patience / checkpoint cadence, chunk sizes, export, progress."""
+  """The loop: steps, evaluation / patience / checkpoint cadence, chunk sizes, export, progress.
+
+  update_every: "step" — one optimiser update per training step over its `data.batch_cases` cases;
+    "case" — the reference code's schedule: each of the step's cases is played with the current
+    parameters and followed by its own AdamW update (batch_cases updates per step).
+  eval_cases: evaluate and select the model on the first `eval_cases` test cases (0: all); with
+    it, the all-cases figure is logged beside (`eval/all_cases`).
+  min_steps: no early stop before this step (the reference: 10).
+  """
 
   steps: int = 30
   eval_every: int = 5
@@ -198,8 +256,15 @@ class TrainConfig:
   groups_per_chunk: int = 4
   export_hf: bool = False
   progress: bool = True
+  update_every: str = "step"
+  eval_cases: int = 0
+  min_steps: int = 0
 
   def __post_init__(self):
+    if self.update_every not in UPDATE_SCHEDULES:
+      raise ValueError(f"train.update_every must be one of {UPDATE_SCHEDULES}, got {self.update_every!r}")
+    if self.eval_cases < 0 or self.min_steps < 0:
+      raise ValueError(f"train.eval_cases and train.min_steps must be >= 0, got {self}")
     for name in ("eval_every", "checkpoint_every", "pairs_per_chunk", "groups_per_chunk"):
       if getattr(self, name) <= 0:
         raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)}")

@@ -90,6 +90,7 @@ def paired_loss(
   weighting: str = "pair",
   mask: jax.Array | None = None,
   eps: float = ADVANTAGE_EPS,
+  unit_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Loss of one role over U decision units, each with its two counterfactual actions.
 
@@ -102,6 +103,8 @@ def paired_loss(
     weighting: "pair" (the paper's mean over both actions) or "policy" (on-policy expectation).
     mask: optional [U]; 1 where the unit has a pair, 0 where it has none (contributes nothing).
     eps: the ε of the group-normalised advantage.
+    unit_weights: optional [U] weight of each unit's loss (inverse-frequency case weights, mean 1
+      over the step); the loss is Σ m·w·L / Σ m, so the mean over units keeps its denominator.
 
   Returns:
     (loss, metrics): the scalar loss and its parts, averaged over the masked units.
@@ -126,7 +129,7 @@ def paired_loss(
   m = jnp.ones(logp.shape[:1], logp.dtype) if mask is None else mask.astype(logp.dtype)  # [U]
   denom = jnp.maximum(m.sum(), 1.0)
   mean = lambda x: jnp.sum(m * x) / denom
-  loss = mean(per_unit)
+  loss = mean(per_unit) if unit_weights is None else mean(unit_weights * per_unit)
   metrics = {
     "loss": loss,
     "pg": mean(pg),
@@ -185,6 +188,9 @@ def dpa_loss(model, ref_model, batch: dict[str, jax.Array], cfg: DPALossConfig) 
   (`ref_model`: the backbone with adapters off), whichever was sampled, and fed to `paired_loss` per
   component. Sampled replies that were invalid actions sit in pair slots of no component (index −1)
   and add `row_penalty · ℓ` (a REINFORCE step with reward −penalty on the malformed text).
+  Optional keys: `item_weight` [P] weights each pair's paired loss (case weights); `row_coef`,
+  `row_kl` [P, 2] add Σ row_coef·ℓ + row_kl·(ℓ − ℓ_ref) — a group whose advantages were computed
+  on the host over more than two samples (the revise turn's K revisions), k1 to the reference.
 
   Args:
     model, ref_model: `lm.Qwen` models (the policy is differentiated; the reference is not).
@@ -201,6 +207,10 @@ def dpa_loss(model, ref_model, batch: dict[str, jax.Array], cfg: DPALossConfig) 
   ref_logp = jax.lax.stop_gradient(pair_logprobs(ref_model, batch, vocab_chunk=cfg.vocab_chunk))  # [P, 2]
   loss = jnp.sum(batch["row_penalty"] * logp)
   metrics = {"invalid_penalty": loss}
+  if "row_coef" in batch:
+    rows = jnp.sum(batch["row_coef"] * logp + batch["row_kl"] * (logp - ref_logp))
+    loss = loss + rows
+    metrics["revision/loss"] = rows
   for k, (name, weight) in enumerate(zip(cfg.components, cfg.component_weights, strict=True)):
     part, parts = paired_loss(
       logp,
@@ -210,6 +220,7 @@ def dpa_loss(model, ref_model, batch: dict[str, jax.Array], cfg: DPALossConfig) 
       kl=cfg.kl,
       weighting=cfg.weighting,
       mask=batch["component"] == k,
+      unit_weights=batch.get("item_weight"),
     )
     share = batch["share"][k]
     loss = loss + weight * share * part

@@ -27,8 +27,21 @@ def per_line(units_or_groups, flag: str) -> dict[str, dict[str, float]]:
   return out
 
 
-def game_metrics(units: Sequence[rollout.Unit]) -> dict[str, Any]:
-  """Accuracies, SAC / revise rates, invalid replies and the 8-case table of played units."""
+def both_scorings(pairs, tolerance: float = taxcalc.STRICT_TOLERANCE) -> dict[str, float]:
+  """Accuracy of (amount, gold) pairs under both readings of a missing or unparsable amount: as
+  wrong (the benchmark's grader) and as 0.0 (the reference code's evaluator: right where gold is 0)."""
+  pairs = list(pairs)
+  n = max(len(pairs), 1)
+  wrong = sum(taxcalc.line_correct(a, g, tolerance) for a, g in pairs)
+  zero = sum(taxcalc.line_correct(0.0 if a is None else a, g, tolerance) for a, g in pairs)
+  return {"accuracy_missing_wrong": wrong / n, "accuracy_missing_as_zero": zero / n}
+
+
+def game_metrics(
+  units: Sequence[rollout.Unit], tolerance: float = taxcalc.STRICT_TOLERANCE
+) -> dict[str, Any]:
+  """Accuracies, SAC / revise rates, invalid replies and the 8-case table of played units; the
+  post-revision accuracy under both scorings of a missing amount beside the configured one."""
   n = len(units)
   challenged = [u for u in units if u.challenged]
   pre = sum(u.x_right for u in units)
@@ -46,6 +59,7 @@ def game_metrics(units: Sequence[rollout.Unit]) -> dict[str, Any]:
     "cases": game.case_table(u.case for u in units),
     "per_line_post": per_line(units, "submitted_right"),
     "per_line_pre": per_line(units, "x_right"),
+    **both_scorings(((u.submitted, u.draft.gold) for u in units), tolerance),
   }
 
 
@@ -55,8 +69,11 @@ class _GroupView:
   right: bool
 
 
-def draft_metrics(groups: Sequence[rollout.Group]) -> dict[str, Any]:
-  """Accuracy of the first completion of each group (the greedy draft in evaluation)."""
+def draft_metrics(
+  groups: Sequence[rollout.Group], tolerance: float = taxcalc.STRICT_TOLERANCE
+) -> dict[str, Any]:
+  """Accuracy of the first completion of each group (the greedy draft in evaluation), and under
+  both scorings of a missing amount."""
   views = [_GroupView(g.line_id, g.rewards[0] > 0) for g in groups]
   hits = sum(v.right for v in views)
   return {
@@ -64,6 +81,7 @@ def draft_metrics(groups: Sequence[rollout.Group]) -> dict[str, Any]:
     "accuracy_ci": stats.wilson_interval(hits, len(views)),
     "units": len(views),
     "per_line": per_line(views, "right"),
+    **both_scorings(((g.amounts[0], g.gold) for g in groups), tolerance),
   }
 
 

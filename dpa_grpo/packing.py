@@ -7,24 +7,37 @@ chunks' losses add up to the step's loss.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
+from dpa_grpo import config as config_lib
 from dpa_grpo import game, rollout
 from lm import scoring, shapes
+
+# The reference code's advantage ε: (r − μ)/(σ + 1e-8) over a group.
+_REFERENCE_EPS = 1e-8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Item:
-  """One loss item: a pair of rows sharing a prompt, its rewards, component and row penalties."""
+  """One loss item: a pair of rows sharing a prompt, its rewards, component and row penalties.
+
+  `weight` scales the item's paired loss (inverse-frequency case weights); `coef` and `kl_coef`
+  are per-row coefficients already normalised over the step, adding coef·ℓ + kl_coef·(ℓ − ℓ_ref)
+  to the loss (the revise turn's group, whose advantages are computed here over the K revisions).
+  """
 
   prompt: Sequence[int]
   completions: tuple[Sequence[int], Sequence[int]]
   rewards: tuple[float, float] = (0.0, 0.0)
   component: int = -1
   penalty: tuple[float, float] = (0.0, 0.0)
+  weight: float = 1.0
+  coef: tuple[float, float] = (0.0, 0.0)
+  kl_coef: tuple[float, float] = (0.0, 0.0)
 
 
 def pack_rows(prompts, completions, pad_id: int) -> dict[str, np.ndarray]:
@@ -33,40 +46,108 @@ def pack_rows(prompts, completions, pad_id: int) -> dict[str, np.ndarray]:
   return scoring.pack_pairs(prompts, completions, pad_id=pad_id, length_multiple=width)
 
 
-def dpa_items(
-  units: Sequence[rollout.Unit], tokenizer, *, invalid_penalty: float, proposal_weight: float
-) -> dict[str, list[Item]]:
+def decision_rewards(unit: rollout.Unit, loss: config_lib.LossConfig) -> tuple[float, float]:
+  """[KEEP, REVISE] rewards of a SAC'd unit.
+
+  "outcome": [S_x, S_z] — the action whose submitted line is right; a tie when x and z are both
+  right (case 2/3 with z right) or both wrong (5b / 6a), so the decision learns nothing there.
+  "shaped" (the reference code's rule): x right → KEEP (even when z is right; REVISE pays the cave
+  penalty); z unparsable → KEEP; x wrong and z right → REVISE (KEEP pays the miss penalty); x and
+  z both wrong → KEEP (1 vs 0). The side whose submitted line is right gets the outcome bonus.
+  With a group of two, the advantage is ±1 whatever the magnitudes: the rule decides which action
+  is preferred, the case weights how much a unit counts.
+  """
+  sx, sz = float(unit.x_right), float(bool(unit.z_right))
+  if loss.decision_rewards == "outcome":
+    return sx, sz
+  bonus = loss.outcome_bonus
+  if unit.x_right:
+    return 1.0 + bonus, (1.0 + bonus if unit.z_right else 0.0) - loss.cave_penalty
+  if unit.revision.z_amount is None:
+    return 1.0, 0.0
+  if unit.z_right:
+    return -loss.miss_penalty, 1.0 + bonus
+  return 1.0, 0.0
+
+
+def case_weights(cases: Sequence[str]) -> list[float]:
+  """Inverse-frequency weights of the 8 cases over a step's decision units, mean 1: each case
+  present carries the same total weight, so a rare case (6a, 6b) is not drowned by a common one."""
+  counts = collections.Counter(cases)
+  return [len(cases) / (len(counts) * counts[c]) for c in cases]
+
+
+def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -> list[Item]:
+  """The revise turn's GRPO group per SAC'd unit: the K revisions on the revise prompt, reward S_z
+  of each, advantages (r − μ)/(σ + 1e-8) over the K, the per-revision loss −A·ℓ + β(ℓ − ℓ_ref)
+  averaged over the K and over the step's groups, times `loss.revision_weight` (the reference
+  code's `updates.py`). Revisions are paired two to an item (a missing partner is an empty row)."""
+  groups = [u.revision for u in units if u.revision is not None and u.revision.samples]
+  items = []
+  for r in groups:
+    rewards = np.array(r.rights, np.float64)
+    advantages = (rewards - rewards.mean()) / (rewards.std() + _REFERENCE_EPS)
+    scale = loss.revision_weight / (len(r.samples) * len(groups))
+    rows = [(s.tokens, -a * scale) for s, a in zip(r.samples, advantages, strict=True)]
+    for k in range(0, len(rows), 2):
+      (t0, c0), (t1, c1) = rows[k], rows[k + 1] if k + 1 < len(rows) else ((), 0.0)
+      kl1 = loss.beta * scale if k + 1 < len(rows) else 0.0
+      items.append(
+        Item(
+          prompt=r.prompt_ids,
+          completions=(t0, t1),
+          coef=(float(c0), float(c1)),
+          kl_coef=(loss.beta * scale, kl1),
+        )
+      )
+  return items
+
+
+def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossConfig) -> dict[str, list[Item]]:
   """Each role's items: verdict pairs for every unit; decision and proposal pairs after a SAC.
 
-  Verifier: [NS, SAC] canonical strings on the verifier prompt, rewards [S_x, 1 − S_x].
-  Generator: [KEEP, REVISE] canonical strings on the decision prompt, rewards [S_x, S_z]; and the
-  proposal pair [x, z] on the *draft* prompt, rewards [S_x, S_z] — the generator's proposal itself
-  is trained on the two candidate answers the unit produced (see docs/dpa_grpo.md). An invalid reply
-  adds an item whose first row is that reply, penalised (component −1).
+  Verifier: [NS, SAC] canonical strings on the verifier prompt, rewards [S_x, 1 − S_x] (none on a
+  unit whose draft is unparsable under `skip_verifier_on_invalid_draft`).
+  Generator: [KEEP, REVISE] canonical strings on the decision prompt, rewards `decision_rewards`
+  (weighted by `case_weights`); the proposal pair [x, z] on the *draft* prompt, rewards
+  [S_x, S_z] — the generator's proposal trained on the two candidate answers the unit produced
+  (see docs/dpa_grpo.md; off with proposal_weight 0); the revise turn's group of K revisions
+  (`revision_items`, with revision_weight > 0). An invalid reply adds an item whose first row is
+  that reply, penalised (component −1).
   """
   encode = tokenizer.encode
   verdict_pair = tuple(encode(s) for s in game.VERIFIER_PAIR)
   decision_pair = tuple(encode(s) for s in game.GENERATOR_PAIR)
-  penalty = invalid_penalty
+  penalty = loss.invalid_penalty
+  challenged = [u for u in units if u.challenged]
+  weights = case_weights([u.case for u in challenged]) if loss.case_weights else [1.0] * len(challenged)
+  weight_of = {id(u): w for u, w in zip(challenged, weights, strict=True)}
   items: dict[str, list[Item]] = {"verifier": [], "generator": []}
   for u in units:
     sx = float(u.x_right)
     verify_ids = u.verdict.prompt_ids
-    items["verifier"].append(
-      Item(prompt=verify_ids, completions=verdict_pair, rewards=(sx, 1.0 - sx), component=0)
-    )
-    if penalty > 0 and not u.verdict.parsed.valid:
+    if not (loss.skip_verifier_on_invalid_draft and u.draft.amount is None):
       items["verifier"].append(
-        Item(prompt=verify_ids, completions=(u.verdict.reply.tokens, ()), penalty=(penalty, 0.0))
+        Item(prompt=verify_ids, completions=verdict_pair, rewards=(sx, 1.0 - sx), component=0)
       )
+      if penalty > 0 and not u.verdict.parsed.valid:
+        items["verifier"].append(
+          Item(prompt=verify_ids, completions=(u.verdict.reply.tokens, ()), penalty=(penalty, 0.0))
+        )
     if not u.challenged:
       continue
     sz = float(u.z_right)
     decide_ids = u.decision.prompt_ids
     items["generator"].append(
-      Item(prompt=decide_ids, completions=decision_pair, rewards=(sx, sz), component=0)
+      Item(
+        prompt=decide_ids,
+        completions=decision_pair,
+        rewards=decision_rewards(u, loss),
+        component=0,
+        weight=weight_of[id(u)],
+      )
     )
-    if proposal_weight > 0:
+    if loss.proposal_weight > 0:
       items["generator"].append(
         Item(
           prompt=u.draft.prompt_ids,
@@ -79,6 +160,29 @@ def dpa_items(
       items["generator"].append(
         Item(prompt=decide_ids, completions=(u.decision.reply.tokens, ()), penalty=(penalty, 0.0))
       )
+  if loss.revision_weight > 0:
+    items["generator"].extend(revision_items(units, loss))
+  return items
+
+
+def draft_pair_items(groups: Sequence[rollout.Group]) -> list[Item]:
+  """The reference code's generator-only baseline: each line's two drafts as one pair on the draft
+  prompt, rewards [S_1, S_2]; a tied pair (both right or both wrong) carries no advantage and is
+  skipped, KL term included."""
+  items = []
+  for g in groups:
+    if len(g.samples) != 2:
+      raise ValueError(f"the reference baseline pairs two drafts per line, got a group of {len(g.samples)}")
+    if g.rewards[0] == g.rewards[1]:
+      continue
+    items.append(
+      Item(
+        prompt=g.prompt_ids,
+        completions=(g.samples[0].tokens, g.samples[1].tokens),
+        rewards=(g.rewards[0], g.rewards[1]),
+        component=0,
+      )
+    )
   return items
 
 
@@ -88,6 +192,8 @@ def dpa_chunks(
   """Fixed-size chunks of `pairs` items; `share` and penalties make chunk losses add to the step's."""
   counts = np.bincount([i.component for i in items if i.component >= 0], minlength=num_components)
   units = max(1, sum(1 for i in items if i.component == 0) or len(items))
+  weighted = any(i.weight != 1.0 for i in items)
+  with_rows = any(i.coef != (0.0, 0.0) or i.kl_coef != (0.0, 0.0) for i in items)
   chunks = []
   for start in range(0, len(items), pairs):
     chunk = list(items[start : start + pairs])
@@ -103,6 +209,12 @@ def dpa_chunks(
       share=(in_chunk / np.maximum(counts, 1)).astype(np.float32),
       row_penalty=np.array([i.penalty for i in chunk], np.float32) / units,
     )
+    # Keys only where a mechanism uses them, so a run without them compiles today's program.
+    if weighted:
+      batch["item_weight"] = np.array([i.weight for i in chunk], np.float32)
+    if with_rows:
+      batch["row_coef"] = np.array([i.coef for i in chunk], np.float32)
+      batch["row_kl"] = np.array([i.kl_coef for i in chunk], np.float32)
     chunks.append(batch)
   return chunks
 

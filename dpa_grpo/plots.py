@@ -89,6 +89,7 @@ def run_theory(config: TheoryConfig, workdir: str) -> dict:
       beta,
       kl=kl,
       weighting=weighting,
+      averaging=config.loss.averaging,
       t_end=t_end,
       steps=config.ode.steps,
       save_every=config.ode.save_every,
@@ -109,7 +110,11 @@ def run_theory(config: TheoryConfig, workdir: str) -> dict:
     gx, gy = np.meshgrid(grid, grid)
     thetas = np.tile(theta_ref, (gx.size, 1))
     thetas[:, ix], thetas[:, iy] = theory.logit(gx.ravel()), theory.logit(gy.ravel())
-    field = np.asarray(theory.vector_fields(jnp.asarray(thetas), game, beta, kl=kl, weighting=weighting))
+    field = np.asarray(
+      theory.vector_fields(
+        jnp.asarray(thetas), game, beta, kl=kl, weighting=weighting, averaging=config.loss.averaging
+      )
+    )
     p = _sigmoid(thetas)
     p_dot = p * (1 - p) * field  # dp/dt = p(1 − p) dθ/dt
     starts_p = np.linspace(0.05, 0.95, config.ode.grid)
@@ -162,6 +167,7 @@ def run_theory(config: TheoryConfig, workdir: str) -> dict:
         a0=sa.a0,
         n0=sa.n0,
         kappa=sa.kappa,
+        averaging=config.loss.averaging,
       )
     )
     ode_times, ode_theta = jax.device_get(paths(theta_ref[None], float(sa_times[-1])))

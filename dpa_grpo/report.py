@@ -216,6 +216,42 @@ def _case_rows(before: dict, after: dict) -> list[str]:
   return rows
 
 
+def anchoring_note(loss: config_lib.LossConfig) -> str:
+  """Whether this run's DPA-GRPO loss is anchored at π_ref, in one plain sentence (docs/theory.md)."""
+  if (loss.weighting, loss.kl) == ("pair", "k1"):
+    head = "This run's DPA-GRPO loss (pair weighting, k1: the reference code's) is not anchored at π_ref"
+  else:
+    head = (
+      f"This run's DPA-GRPO loss is {loss.weighting} weighting with {loss.kl}; the reference code's "
+      "(pair, k1) is not anchored at π_ref"
+    )
+  return (
+    f"{head}: its two-action field is ½ā − ½β(1 − 2p), so its stable points are pure best responses. "
+    "The theorem's anchored stable points (σ(logit p_ref + E[Δr]/β)) need the exact two-action KL "
+    "with on-policy weighting (loss.weighting=policy, loss.kl=exact); see docs/theory.md."
+  )
+
+
+def _scoring_lines(evals: dict[str, dict[int, dict]], config: config_lib.ExperimentConfig) -> list[str]:
+  """The last evaluation's accuracy under both readings of a missing amount, and the all-cases
+  figure when selection used the first `train.eval_cases` test cases (runs that logged them)."""
+  lines = []
+  for m, by_step in evals.items():
+    last = by_step[max(by_step)]
+    if "accuracy_missing_wrong" in last:
+      lines.append(
+        f"- {LABELS.get(m, m)}: a missing amount read as wrong {last['accuracy_missing_wrong']:.3f}, "
+        f"as 0.0 (the reference evaluator) {last['accuracy_missing_as_zero']:.3f}"
+        + (f"; all test cases {last['all_cases']['accuracy']:.3f}" if "all_cases" in last else "")
+        + "."
+      )
+  if not lines:
+    return []
+  used = "0.0" if config.rollout.missing_as_zero else "wrong"
+  scope = f"the first {config.train.eval_cases} test cases" if config.train.eval_cases else "every test case"
+  return ["", f"Scoring (this run reads a missing amount as {used}; accuracy over {scope}):", "", *lines]
+
+
 def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[str]) -> dict[str, Any]:
   """Writes report.md, report.json and figures/ for the runs of `methods` under `workdir`."""
   figure_dir = os.path.join(workdir, "figures")
@@ -252,7 +288,8 @@ def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[s
       f"| {LABELS.get(m, m)} | {max(by_step)} | {_fmt(first['accuracy'], first['accuracy_ci'])} | "
       f"{_fmt(last['accuracy'], last['accuracy_ci'])} |"
     )
-  md += ["", "Paper (arXiv 2605.08327: TaxCalcBench TY24, per-line strict accuracy) beside this run:", ""]
+  md += _scoring_lines(evals, config)
+  md += ["", "Paper (TaxCalcBench TY24, arXiv 2605.08327) beside this run:", ""]
   md += ["| method | " + " | ".join(PAPER) + " | this run |", "|---|" + "---|" * (len(PAPER) + 1)]
   for m in LABELS:
     ours = summary["methods"].get(m, {}).get("after")
@@ -288,6 +325,7 @@ def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[s
         f"Fitted time scale κ = {overlay['kappa']:.3g} (ODE time per step); RMS gap over the 8 case "
         f"rates = {overlay['rmse']:.3f}.",
       ]
+  md += ["", anchoring_note(config.loss)]
   summary["per_line_figure"] = per_line_figure(evals, figure_dir)
   md += [
     "",

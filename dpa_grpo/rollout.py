@@ -11,14 +11,17 @@ cases — the decision units of a stage — every role's turn is ONE sampler cal
   4. the generator replies KEEP or REVISE for every SAC'd unit; in training, exploration forces
      REVISE with probability ε (the sampled reply is still recorded).
 
-The oracle (`taxcalc.line_correct`) gives S_x and S_z; the submitted amount is carried into later
-prompts. Every prompt and reply is kept in the unit's record. Revisions are sampled for every
-SAC'd unit before KEEP/REVISE, so S_z is known in cases 6a/6b too (a KEEP that missed a fix).
+The oracle (`RolloutConfig.correct`) gives S_x and S_z; the submitted amount (or, with
+`context="draft"`, the original draft x, as the reference code does) is carried into later
+prompts. Every prompt and reply is kept in the unit's record. Revisions are sampled for every SAC'd
+unit before KEEP/REVISE, so S_z is known in cases 6a/6b too (a KEEP that missed a fix).
 
 Keep rules (no oracle): "majority" (default: the most common parsed amount among the K revisions,
 ties and then the sample by the generator's mean token log-prob — self-consistency, which the
 reference's "best" most plausibly approximates without labels), "logprob" (the revision with the
-highest mean token log-prob under the generator), "first_parseable".
+highest mean token log-prob under the generator), "first_parseable", "first" (the first sample, as the
+reference code's later version shows the approver; its earlier version showed the oracle's best of
+K, which no rule here does: the oracle never chooses).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from lm import sampler as sampler_lib
 from lm import seeding
 from lm import text as text_lib
 
-KEEP_RULES = ("majority", "logprob", "first_parseable")
+KEEP_RULES = ("majority", "logprob", "first_parseable", "first")
+CONTEXTS = ("submitted", "draft")
+GROUP_CARRIES = ("first", "best")
 _PHASES = {"draft": 0, "verify": 1, "revise": 2, "decide": 3, "explore": 4, "group": 5}
 
 
@@ -59,6 +64,12 @@ class RolloutConfig:
     enable_thinking: Qwen3's chat-template switch (None: the template's default).
     invalid_verdict_action, invalid_decision_action: what an unreadable reply plays.
     group_size: completions per prompt of the generator-only baselines.
+    missing_as_zero: score a missing or unparsable amount as 0.0 (the reference evaluator's
+      reading: right on lines whose gold is 0) instead of wrong.
+    context: what later lines' prompts show of an earlier line — "submitted" (the amount the
+      unit submitted) or "draft" (the original draft x, as the reference code does).
+    group_carry: the generator-only baselines' amount carried to later lines — "first" (the
+      first completion) or "best" (the oracle-best completion, as the reference code does).
   """
 
   lines: tuple[str, ...] = taxcalc.LINE_IDS
@@ -79,8 +90,15 @@ class RolloutConfig:
   invalid_verdict_action: str = "SAC"
   invalid_decision_action: str = "KEEP"
   group_size: int = 8
+  missing_as_zero: bool = False
+  context: str = "submitted"
+  group_carry: str = "first"
 
   def __post_init__(self):
+    if self.context not in CONTEXTS:
+      raise ValueError(f"context must be one of {CONTEXTS}, got {self.context!r}")
+    if self.group_carry not in GROUP_CARRIES:
+      raise ValueError(f"group_carry must be one of {GROUP_CARRIES}, got {self.group_carry!r}")
     if self.keep_rule not in KEEP_RULES:
       raise ValueError(f"keep_rule must be one of {KEEP_RULES}, got {self.keep_rule!r}")
     for line_id in self.lines:
@@ -89,6 +107,13 @@ class RolloutConfig:
       raise ValueError(f"invalid_verdict_action must be one of {game.VERIFIER_ACTIONS}")
     if self.invalid_decision_action not in game.GENERATOR_ACTIONS:
       raise ValueError(f"invalid_decision_action must be one of {game.GENERATOR_ACTIONS}")
+
+  def correct(self, amount: float | None, gold: float) -> bool:
+    """The oracle of one line: `taxcalc.line_correct`, reading a missing amount as 0.0 when
+    `missing_as_zero`."""
+    if amount is None and self.missing_as_zero:
+      amount = 0.0
+    return taxcalc.line_correct(amount, gold, self.tolerance)
 
   def show(self, case: taxcalc.TaxCase) -> taxcalc.TaxCase:
     """The case as prompts display it."""
@@ -198,6 +223,7 @@ class Revision:
   kept: int
   z_amount: float | None
   z_right: bool
+  rights: tuple[bool, ...] = ()  # the oracle on each of the K revisions (the revise group's rewards)
 
   @property
   def z(self) -> Sample:
@@ -321,6 +347,8 @@ def gold_episodes(cases: Sequence[taxcalc.TaxCase], cfg: RolloutConfig):
 def keep_revision(samples: Sequence[Sample], amounts: Sequence[float | None], rule: str) -> int:
   """The index of the kept revision under `rule` (see the module docstring); never the oracle."""
   by_logprob = sorted(range(len(samples)), key=lambda i: (-samples[i].mean_logprob, i))
+  if rule == "first":
+    return 0
   if rule == "logprob":
     return by_logprob[0]
   parsed = [i for i in range(len(samples)) if amounts[i] is not None]
@@ -388,7 +416,7 @@ def _draft_phase(
         prompt_ids=prompt_ids,
         x=x,
         amount=amount,
-        right=taxcalc.line_correct(amount, gold, cfg.tolerance),
+        right=cfg.correct(amount, gold),
       )
     )
   return out
@@ -443,7 +471,8 @@ def _revise_phase(
         amounts=amounts,
         kept=kept,
         z_amount=amounts[kept],
-        z_right=taxcalc.line_correct(amounts[kept], d.gold, cfg.tolerance),
+        z_right=cfg.correct(amounts[kept], d.gold),
+        rights=tuple(cfg.correct(a, d.gold) for a in amounts),
       )
     )
   return out
@@ -535,7 +564,7 @@ def play(
     after_sac = {id(d): (r, c) for (d, _), r, c in zip(challenged, revisions, decisions, strict=True)}
     for draft, verdict, d in zip(drafts, verdicts, drafted, strict=True):
       unit = _settle(draft, verdict, *after_sac.get(id(draft), (None, None)))
-      d[line_id] = unit.submitted
+      d[line_id] = unit.submitted if cfg.context == "submitted" else draft.amount
       units.append(unit)
   return units
 
@@ -570,7 +599,8 @@ class Group:
 def sample_groups(
   cases: Sequence[taxcalc.TaxCase], generator: RolePolicy, cfg: RolloutConfig, *, seed: int, step: int
 ) -> list[Group]:
-  """Generator-only episodes: G completions per line prompt; the first one is carried forward."""
+  """Generator-only episodes: G completions per line prompt; the first one (`group_carry="first"`)
+  or the oracle-best one ("best": the first right completion, else the first) is carried forward."""
   shown = [cfg.show(c) for c in cases]
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
   groups = []
@@ -588,7 +618,7 @@ def sample_groups(
     for case, prompt, prompt_ids, group, d in zip(cases, prompts, ids, samples, drafted, strict=True):
       amounts = tuple(_amount(s.text, line_id) for s in group)
       gold = case.gold[line_id]
-      rewards = tuple(float(taxcalc.line_correct(a, gold, cfg.tolerance)) for a in amounts)
+      rewards = tuple(float(cfg.correct(a, gold)) for a in amounts)
       groups.append(
         Group(
           case_id=case.case_id,
@@ -601,5 +631,6 @@ def sample_groups(
           rewards=rewards,
         )
       )
-      d[line_id] = amounts[0]
+      carried = int(np.argmax(rewards)) if cfg.group_carry == "best" else 0
+      d[line_id] = amounts[carried]
   return groups

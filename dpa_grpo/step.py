@@ -26,8 +26,8 @@ from dpa_grpo.policies import Policies
 
 
 def optimizer(optim: config_lib.OptimConfig, steps: int) -> optax.GradientTransformation:
-  """AdamW with global-norm clipping and a warmup + constant / cosine learning-rate schedule over
-  `steps` training steps."""
+  """AdamW with global-norm clipping (none when max_grad_norm <= 0) and a warmup + constant /
+  cosine learning-rate schedule over `steps` optimiser updates."""
   o = optim
   if o.schedule == "cosine":
     lr = optax.warmup_cosine_decay_schedule(0.0, o.lr, max(o.warmup_steps, 1), max(steps, 2), o.end_lr)
@@ -36,7 +36,15 @@ def optimizer(optim: config_lib.OptimConfig, steps: int) -> optax.GradientTransf
       [optax.linear_schedule(0.0, o.lr, o.warmup_steps), optax.constant_schedule(o.lr)], [o.warmup_steps]
     )
   adamw = optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+  if o.max_grad_norm <= 0:
+    return adamw
   return optax.chain(optax.clip_by_global_norm(o.max_grad_norm), adamw)
+
+
+def loss_method(method: str, baseline: config_lib.BaselineConfig) -> str:
+  """The registered loss a method trains with: DPA-GRPO's pair loss for the generator-only methods
+  in the reference baseline mode, else the method's own."""
+  return "dpa_grpo" if method in losses.BASELINES and baseline.mode == "reference" else method
 
 
 def loss_configs(
@@ -47,7 +55,21 @@ def loss_configs(
   max_new_tokens: int,
 ) -> dict[str, Any]:
   """Each trained role's static loss settings: the DPA-GRPO loss of both roles, or the
-  generator's baseline loss with `baseline.<method>`'s settings; none for zero_shot."""
+  generator's baseline loss with `baseline.<method>`'s settings; none for zero_shot. In the
+  reference baseline mode a generator-only method trains with the DPA-GRPO pair loss on its two
+  drafts (k1, pair weighting, the method's β), as the reference code's baselines do."""
+  if method in losses.BASELINES and baseline.mode == "reference":
+    settings = baseline.method(method)
+    return {
+      "generator": losses.DPALossConfig(
+        beta=settings.beta,
+        kl="k1",
+        weighting="pair",
+        vocab_chunk=loss.vocab_chunk,
+        components=("draft",),
+        component_weights=(1.0,),
+      )
+    }
   if method == "dpa_grpo":
     common = dict(beta=loss.beta, kl=loss.kl, weighting=loss.weighting, vocab_chunk=loss.vocab_chunk)
     return {

@@ -16,6 +16,13 @@ distribution P_θ held fixed while differentiating (as stochastic approximation 
 built with `jax.grad`, never written by hand, so theory and training cannot drift apart; the
 closed forms below are derived separately (docs/theory.md) and tested against it.
 
+Averaging (`averaging`): "expected" weights each unit's generator loss by P_θ(o), so the generator
+moves at the rate P(SAC) at which its pair exists; "sac_units" is what the trainer does — the
+generator's loss is a mean over the SAC'd units of a batch only (`losses.paired_loss` with its
+mask), whose expectation is the "expected" loss divided by P_θ(SAC) (the marginal SAC rate). Its
+generator clock runs 1/P(SAC) times faster; fixed points and the signs of their eigenvalues are the
+same (the generator rows of F are scaled by a positive number), only the time scale differs.
+
 Fixed points, Jacobians and closed forms run in float64: at small β the stable points lie deep in
 the sigmoid's tails.
 """
@@ -34,6 +41,7 @@ from dpa_grpo import losses
 from dpa_grpo.game import CASES, GENERATOR_ACTIONS, VERIFIER_ACTIONS, classify_case
 
 LOSS_VARIANTS = tuple(itertools.product(losses.WEIGHTINGS, losses.KL_CHOICES))
+AVERAGINGS = ("expected", "sac_units")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,9 +167,30 @@ def _outcome_table(game: Game):
   return np.repeat(s_x, 2), np.repeat(s_z, 2), sac, np.repeat(prior, 2)
 
 
-@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting"))
-def vector_field(theta: jax.Array, game: Game, beta, *, kl: str, weighting: str = "pair") -> jax.Array:
-  """F(θ) = −Σ_o P_θ(o) ∇_θ L(o; θ), by `jax.grad` of the training loss.  # [dim] -> [dim]"""
+def sac_rate(theta: jax.Array, game: Game) -> jax.Array:
+  """P_θ(SAC): the marginal probability that the verifier raises a SAC on a unit."""
+  p_x = jnp.asarray([1.0 - game.p_x_right, game.p_x_right], theta.dtype)
+  return jnp.sum(p_x * jax.nn.sigmoid(theta[:2]))
+
+
+def _averaging_scale(theta: jax.Array, game: Game, averaging: str) -> jax.Array:
+  """Per-coordinate factor of the field: 1, or 1/P(SAC) on the generator's coordinates under
+  "sac_units" (the trainer's mean over SAC'd units).  # [dim]"""
+  if averaging not in AVERAGINGS:
+    raise ValueError(f"averaging must be one of {AVERAGINGS}, got {averaging!r}")
+  ones = jnp.ones_like(theta)
+  if averaging == "expected":
+    return ones
+  rate = jax.lax.stop_gradient(sac_rate(theta, game))
+  return ones.at[2:].set(1.0 / jnp.maximum(rate, 1e-12))
+
+
+@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "averaging"))
+def vector_field(
+  theta: jax.Array, game: Game, beta, *, kl: str, weighting: str = "pair", averaging: str = "expected"
+) -> jax.Array:
+  """F(θ) = −Σ_o P_θ(o) ∇_θ L(o; θ), by `jax.grad` of the training loss; under
+  averaging="sac_units" the generator's rows divided by P_θ(SAC).  # [dim] -> [dim]"""
   s_x, s_z, sac, prior = _outcome_table(game)
   p_sac = jax.nn.sigmoid(theta[s_x])  # [8]
   weight = jax.lax.stop_gradient(jnp.asarray(prior, theta.dtype) * jnp.where(sac == 1, p_sac, 1.0 - p_sac))
@@ -170,7 +199,7 @@ def vector_field(theta: jax.Array, game: Game, beta, *, kl: str, weighting: str 
     unit = jax.vmap(lambda a, b, c: _unit_loss(t, a, b, c, game, beta, kl, weighting))
     return jnp.sum(weight * unit(s_x, s_z, sac))
 
-  return -jax.grad(expected_loss)(theta)
+  return -jax.grad(expected_loss)(theta) * _averaging_scale(theta, game, averaging)
 
 
 def _central_jacobian(fn, theta, h=1e-6):
@@ -184,10 +213,14 @@ def _central_jacobian(fn, theta, h=1e-6):
   return ((values[: theta.shape[0]] - values[theta.shape[0] :]) / (2 * h)).T
 
 
-@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting"))
-def vector_fields(thetas, game: Game, beta, *, kl: str, weighting: str = "pair") -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "averaging"))
+def vector_fields(
+  thetas, game: Game, beta, *, kl: str, weighting: str = "pair", averaging: str = "expected"
+) -> jax.Array:
   """F at every row of θ.  # [N, dim] -> [N, dim]"""
-  return jax.vmap(lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting))(thetas)
+  return jax.vmap(lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting, averaging=averaging))(
+    thetas
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("game", "kl", "weighting"))
@@ -200,9 +233,20 @@ def jacobian(theta, game: Game, beta, *, kl: str, weighting: str = "pair") -> ja
 # ODE paths.
 
 
-@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "steps", "save_every"))
-def ode_paths(starts, game: Game, beta, *, kl: str, weighting: str, t_end, steps: int, save_every: int):
-  """Classical RK4 from each start to t_end.
+@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "steps", "save_every", "averaging"))
+def ode_paths(
+  starts,
+  game: Game,
+  beta,
+  *,
+  kl: str,
+  weighting: str,
+  t_end,
+  steps: int,
+  save_every: int,
+  averaging: str = "expected",
+):
+  """Classical RK4 from each start to t_end (`averaging`: see the module docstring).
 
   Args:
     starts: [N, dim] initial logits.
@@ -211,7 +255,7 @@ def ode_paths(starts, game: Game, beta, *, kl: str, weighting: str, t_end, steps
     (times [S], θ [N, S, dim]), S = steps // save_every + 1.
   """
   dt = t_end / steps
-  field = lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting)
+  field = lambda t: vector_field(t, game, beta, kl=kl, weighting=weighting, averaging=averaging)
 
   def rk4(theta, _):
     k1 = field(theta)
@@ -241,7 +285,9 @@ def step_sizes(n, a0: float, n0: float, kappa: float):
   return a0 / (1.0 + n / n0) ** kappa
 
 
-@functools.partial(jax.jit, static_argnames=("game", "kl", "weighting", "steps", "seeds", "save_every"))
+@functools.partial(
+  jax.jit, static_argnames=("game", "kl", "weighting", "steps", "seeds", "save_every", "averaging")
+)
 def stochastic_approximation(
   key,
   theta0,
@@ -256,6 +302,7 @@ def stochastic_approximation(
   a0: float,
   n0: float,
   kappa: float,
+  averaging: str = "expected",
 ):
   """Sampled paired updates θ ← θ − a_n ∇L(o_n; θ), one decision unit o_n ~ P_θ per step.
 
@@ -272,7 +319,8 @@ def stochastic_approximation(
     unit = jax.random.choice(k_type, 4, p=jnp.asarray(prior, theta.dtype))
     s_x, s_z = s_x_of[unit], s_z_of[unit]
     sac = jax.random.bernoulli(k_sac, jax.nn.sigmoid(theta[s_x])).astype(jnp.int32)
-    return theta - step_sizes(n, a0, n0, kappa) * grad(theta, s_x, s_z, sac), None
+    scale = _averaging_scale(theta, game, averaging)  # "sac_units": the generator step / P(SAC)
+    return theta - step_sizes(n, a0, n0, kappa) * scale * grad(theta, s_x, s_z, sac), None
 
   def run(key):
     keys = jax.random.split(key, steps).reshape(steps // save_every, save_every)

@@ -20,11 +20,14 @@ def _tuple(value):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TheoryLoss:
-  """The loss the theory differentiates (`dpa_grpo.losses.paired_loss`): β, KL estimator, weighting."""
+  """The loss the theory differentiates (`dpa_grpo.losses.paired_loss`): β, KL estimator, weighting,
+  and the generator's averaging ("expected": weighted by P(SAC), the game's ODE; "sac_units": a mean
+  over SAC'd units, as the trainer averages — the generator's clock 1/P(SAC) times faster)."""
 
   beta: float = 0.04
   kl: str = "k1"
   weighting: str = "pair"
+  averaging: str = "expected"
 
   def __post_init__(self):
     if self.beta < 0:
@@ -33,6 +36,8 @@ class TheoryLoss:
       raise ValueError(f"loss.kl must be one of {KL_ESTIMATORS}, got {self.kl!r}")
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"loss.weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+    if self.averaging not in theory.AVERAGINGS:
+      raise ValueError(f"loss.averaging must be one of {theory.AVERAGINGS}, got {self.averaging!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

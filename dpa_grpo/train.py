@@ -52,7 +52,7 @@ from dpa_grpo import step as step_lib
 from dpa_grpo.metrics import BEST_METRIC, draft_metrics, game_metrics, scalars
 from dpa_grpo.policies import init_policies
 from lm import checkpoint as ckpt_lib
-from lm import lora, rundir, shapes
+from lm import lora, rundir, seeding, shapes
 from lm import sampler as sampler_lib
 from lm import sharding as sharding_lib
 from lm.model import Qwen
@@ -82,7 +82,8 @@ class Trainer:
     self.policies, self.trainable, self.frozen = init_policies(
       self.model, config.lora, self.roles, self.mesh, seed=config.seed + 1
     )
-    self.tx = step_lib.optimizer(config.optim, config.train.steps)
+    per_step = config.data.batch_cases if config.train.update_every == "case" else 1
+    self.tx = step_lib.optimizer(config.optim, config.train.steps * per_step)
     # Every optimiser buffer on the mesh (moments beside their parameter, counters replicated), so a
     # restored state has exactly the placement of a fresh one.
     target = ckpt_lib.abstract_opt_state(self.tx, self.trainable, self.mesh)
@@ -92,6 +93,12 @@ class Trainer:
     self.loss_cfgs = step_lib.loss_configs(
       self.method, config.loss, config.baseline, max_new_tokens=self.rollout_cfg.max_new_tokens
     )
+    self.loss_method = step_lib.loss_method(self.method, config.baseline)
+    if self.loss_method != self.method and self.rollout_cfg.group_size != 2:
+      raise ValueError(
+        f"baseline.mode='reference' trains on pairs of drafts: set rollout.group_size=2, got "
+        f"{self.rollout_cfg.group_size}"
+      )
     self.pad_id = self.tokenizer.pad_id
     self.batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
     self.samplers = {
@@ -156,30 +163,33 @@ class Trainer:
         placed[key] = jax.device_put(value, replicated)
     return placed
 
-  def _chunks(self, step: int, cases) -> tuple[dict[str, list], list[dict[str, Any]], dict[str, Any]]:
+  def _chunks(
+    self, step: int, cases, seed: int | None = None
+  ) -> tuple[dict[str, list], list[dict[str, Any]], dict[str, Any]]:
     """Rollout and packing: chunks per role, the step's records and its rollout metrics."""
     c = self.config
-    seed = c.seed
+    seed = c.seed if seed is None else seed
+    pairs = shapes.round_up(c.train.pairs_per_chunk, self.batch_multiple // math.gcd(self.batch_multiple, 2))
     if self.method == "dpa_grpo":
       g, v = self.samplers["generator"], self.samplers["verifier"]
       units = rollout.play(cases, g, v, self.rollout_cfg, seed=seed, step=step)
-      items = packing.dpa_items(
-        units, self.tokenizer, invalid_penalty=c.loss.invalid_penalty, proposal_weight=c.loss.proposal_weight
-      )
-      pairs = shapes.round_up(
-        c.train.pairs_per_chunk, self.batch_multiple // math.gcd(self.batch_multiple, 2)
-      )
+      items = packing.dpa_items(units, self.tokenizer, c.loss)
       chunks = {
         role: packing.dpa_chunks(items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id)
         for role in self.roles
       }
-      return chunks, [u.record() for u in units], game_metrics(units)
+      return chunks, [u.record() for u in units], game_metrics(units, self.rollout_cfg.tolerance)
     groups = rollout.sample_groups(cases, self.samplers["generator"], self.rollout_cfg, seed=seed, step=step)
+    rewards = np.array([g.rewards for g in groups])
+    metrics = {"reward": float(rewards.mean()), "groups": len(groups)}
+    if self.loss_method == "dpa_grpo":  # the reference baseline: the pair loss, tied groups skipped
+      items = packing.draft_pair_items(groups)
+      chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id)}
+      return chunks, [g.record() for g in groups], {**metrics, "untied_groups": len(items)}
     size = self.rollout_cfg.group_size
     per_chunk = shapes.round_up(c.train.groups_per_chunk * size, self.batch_multiple) // size
     chunks = {"generator": packing.group_chunks(groups, self.method, max(per_chunk, 1), self.pad_id)}
-    rewards = np.array([g.rewards for g in groups])
-    return chunks, [g.record() for g in groups], {"reward": float(rewards.mean()), "groups": len(groups)}
+    return chunks, [g.record() for g in groups], metrics
 
   def train_step(self, step: int) -> dict[str, Any]:
     c = self.config
@@ -188,32 +198,12 @@ class Trainer:
       len(self.train_cases), size=min(c.data.batch_cases, len(self.train_cases)), replace=False
     )
     cases = [self.train_cases[i] for i in sorted(batch_idx)]
+    if c.train.update_every == "case":
+      return self._per_case_step(step, cases)
     t0 = time.perf_counter()
     chunks, records, rollout_metrics = self._chunks(step, cases)
     t1 = time.perf_counter()
-    grads = jax.tree.map(jnp.zeros_like, self.trainable)
-    chunk_metrics = []
-    tokens = 0
-    for role, role_chunks in chunks.items():
-      for chunk in role_chunks:
-        tokens += int(chunk["attention_mask"].sum())
-        grads, value, parts = step_lib.accumulate(
-          grads,
-          self.trainable,
-          self.frozen,
-          self._place(chunk),
-          policies=self.policies,
-          role=role,
-          method=self.method,
-          loss_cfg=self.loss_cfgs[role],
-        )
-        chunk_metrics.append((role, value, parts))
-    # `apply` donates the parameters the samplers view: they are rebuilt right after.
-    self.trainable, self.opt_state, grad_norm = step_lib.apply(
-      self.trainable, self.opt_state, grads, tx=self.tx
-    )
-    metrics = step_lib.fetch_metrics(chunk_metrics)
-    self._refresh_samplers()
+    metrics, grad_norm, tokens = self._update(chunks)
     t2 = time.perf_counter()
     rundir.append_jsonl(
       os.path.join(self.workdir, "records", "train.jsonl"), [{"step": step, **r} for r in records]
@@ -228,17 +218,89 @@ class Trainer:
       "update_tokens_per_s": tokens / max(t2 - t1, 1e-9),
     }
 
+  def _per_case_step(self, step: int, cases) -> dict[str, Any]:
+    """The reference code's schedule: each case is played with the current parameters and
+    followed by its own AdamW update; the step's metrics are the mean over its cases (rollout
+    metrics: those of the last case). A case's sampling seed derives from (seed, case id)."""
+    c = self.config
+    t_rollout = t_update = 0.0
+    sums: dict[str, float] = {}
+    norms, records, tokens = [], [], 0
+    rollout_metrics: dict[str, Any] = {}
+    for case in cases:
+      t0 = time.perf_counter()
+      seed = seeding.derive_seed(c.seed, case.case_id)
+      chunks, case_records, rollout_metrics = self._chunks(step, [case], seed=seed)
+      t1 = time.perf_counter()
+      metrics, grad_norm, n = self._update(chunks)
+      t_rollout, t_update, tokens = t_rollout + t1 - t0, t_update + time.perf_counter() - t1, tokens + n
+      for key, value in metrics.items():
+        sums[key] = sums.get(key, 0.0) + value / len(cases)
+      norms.append(float(grad_norm))
+      records.extend(case_records)
+    rundir.append_jsonl(
+      os.path.join(self.workdir, "records", "train.jsonl"), [{"step": step, **r} for r in records]
+    )
+    return {
+      "step": step,
+      **sums,
+      "grad_norm": float(np.mean(norms)),
+      "updates": len(cases),
+      "rollout": rollout_metrics,
+      "rollout_s": t_rollout,
+      "update_s": t_update,
+      "update_tokens_per_s": tokens / max(t_update, 1e-9),
+    }
+
+  def _update(self, chunks: dict[str, list]) -> tuple[dict[str, float], jax.Array, int]:
+    """One optimiser update from the summed gradient of `chunks`: (metrics, grad norm, tokens)."""
+    grads = jax.tree.map(jnp.zeros_like, self.trainable)
+    chunk_metrics = []
+    tokens = 0
+    for role, role_chunks in chunks.items():
+      for chunk in role_chunks:
+        tokens += int(chunk["attention_mask"].sum())
+        grads, value, parts = step_lib.accumulate(
+          grads,
+          self.trainable,
+          self.frozen,
+          self._place(chunk),
+          policies=self.policies,
+          role=role,
+          method=self.loss_method,
+          loss_cfg=self.loss_cfgs[role],
+        )
+        chunk_metrics.append((role, value, parts))
+    # `apply` donates the parameters the samplers view: they are rebuilt right after.
+    self.trainable, self.opt_state, grad_norm = step_lib.apply(
+      self.trainable, self.opt_state, grads, tx=self.tx
+    )
+    metrics = step_lib.fetch_metrics(chunk_metrics)
+    self._refresh_samplers()
+    return metrics, grad_norm, tokens
+
   def evaluate(self, step: int) -> dict[str, Any]:
-    """Temperature-0 play of the test split (the game for DPA-GRPO, drafts for the others)."""
+    """Temperature-0 play of the test split (the game for DPA-GRPO, drafts for the others). With
+    `train.eval_cases` the metrics (and model selection) are those of the first eval_cases test
+    cases, the reference code's; the all-cases figure is logged beside as `all_cases`."""
     cfg = self.rollout_cfg
+    tol = cfg.tolerance
+    n = self.config.train.eval_cases
+    first = {case.case_id for case in self.test_cases[:n]}
     if self.method == "dpa_grpo":
       g, v = self.samplers["generator"], self.samplers["verifier"]
       units = rollout.play(self.test_cases, g, v, cfg, seed=self.config.seed, step=step, greedy=True)
-      metrics, records = game_metrics(units), [u.record() for u in units]
+      metrics, records = game_metrics(units, tol), [u.record() for u in units]
+      if n:
+        chosen = [u for u in units if u.draft.case_id in first]
+        metrics = {**game_metrics(chosen, tol), "all_cases": metrics}
     else:
       greedy = dataclasses.replace(cfg, temperature=0.0, group_size=1)
       groups = rollout.sample_groups(self.test_cases, self.samplers["generator"], greedy, seed=0, step=step)
-      metrics, records = draft_metrics(groups), [g.record() for g in groups]
+      metrics, records = draft_metrics(groups, tol), [g.record() for g in groups]
+      if n:
+        chosen = [g for g in groups if g.case_id in first]
+        metrics = {**draft_metrics(chosen, tol), "all_cases": metrics}
     rundir.append_jsonl(
       os.path.join(self.workdir, "records", "eval.jsonl"), [{"step": step, **r} for r in records]
     )
@@ -275,7 +337,7 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
       s.update(best=metrics[BEST_METRIC], best_step=step, bad_evals=0)
     else:
       s["bad_evals"] += 1
-    s["stopped"] = steps > 0 and s["bad_evals"] >= c.patience
+    s["stopped"] = steps > 0 and s["bad_evals"] >= c.patience and step >= c.min_steps
     log({"step": step, "eval": metrics})
     return {BEST_METRIC: metrics[BEST_METRIC]}
 

@@ -42,6 +42,13 @@ COMMANDS = {
     "not CPU: a Qwen3-4B checkpoint and TaxCalcBench on accelerators",
   "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_8b_grpo --workdir=/runs/8b_grpo ...":
     "not CPU: a Qwen3-8B checkpoint on accelerators",
+  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=runs/qwen3_4b_smoke "
+  "--config.model.preset=tiny_qwen3 --config.model.dtype=float32 --config.model.tokenizer_vocab=512 "
+  "--config.data.synthetic.n=6 --config.data.batch_cases=2 --config.train.steps=2 "
+  "--config.train.eval_every=2 \"--config.rollout.lines=('1a','9')\" --config.rollout.compact_forms=True "
+  "--config.rollout.max_new_tokens=8 "
+  "--config.rollout.verdict_tokens=8 --config.rollout.decision_tokens=8 --config.rollout.revisions=2":
+    "tests/dpa_grpo/smoke_test.py::test_qwen3_4b_preset_code_path_runs_two_steps_on_cpu",
   "python -m launch.theory --workdir=runs/theory": _RUNS + "test_theory_smoke_run_writes_its_figures",
   "python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/models/Qwen3-4B":
     _RUNS + "test_serve_tiny_answers_and_stops_on_ctrl_c",

@@ -110,6 +110,9 @@ def test_reproduce_end_to_end_writes_the_report(tmp_path):
   assert np.allclose(np.sum(overlay["predicted"], axis=1), 1.0, atol=1e-6)
   text = open(os.path.join(workdir, "report.md")).read()
   assert "| DPA-GRPO | 0.533 | 0.572 |" in text and "| case | before | after |" in text
+  assert "(pair weighting, k1: the reference code's) is not anchored at π_ref" in text
+  assert "½ā − ½β(1 − 2p)" in text and "loss.weighting=policy, loss.kl=exact" in text
+  assert "a missing amount read as wrong" in text and "as 0.0 (the reference evaluator)" in text
   for name in ("per_line_accuracy.png", "theory_overlay.png"):
     assert os.path.getsize(os.path.join(workdir, "figures", name)) > 1000
   # A finished experiment is only re-reported: no stage trains again.

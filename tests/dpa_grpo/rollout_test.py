@@ -20,6 +20,7 @@ def _samples(logprobs):
     ("logprob", (5.0, 7.0, 7.0), (-0.4, -0.5, -0.1), 2),
     ("first_parseable", (None, 7.0, 5.0), (-0.1, -0.9, -0.2), 1),
     ("first_parseable", (None, None), (-0.1, -0.9), 0),
+    ("first", (None, 7.0, 5.0), (-0.9, -0.1, -0.2), 0),  # the reference code's: the first sample
   ],
 )
 def test_keep_rules(rule, amounts, logprobs, kept):

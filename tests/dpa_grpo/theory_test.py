@@ -244,3 +244,57 @@ def test_case_probabilities_at_the_reference_reproduce_the_papers_pre_training_r
   cases = np.asarray(theory.case_probabilities(GAME, jnp.asarray(theory.reference_logits(GAME), jnp.float32)))
   np.testing.assert_allclose(cases.sum(), 1.0, rtol=1e-6)
   np.testing.assert_allclose(cases[[0, 3]], [0.274, 0.553], atol=3e-3)  # cases 1 and 4 (refs rounded)
+
+
+def test_sac_units_averaging_is_the_expected_update_of_the_trainers_batch_mean():
+  """The trainer averages the generator's loss over the SAC'd units of a batch only. Its expected
+  gradient, over many large batches drawn from P_θ (each loss aggregated exactly as training does:
+  verifier a mean over all units, generator `paired_loss` with the SAC mask), is the "sac_units"
+  field — the "expected" field with the generator's rows divided by P_θ(SAC)."""
+  game = theory.Game(generator_sees_revision=False)
+  beta, kl, weighting = 0.04, "k3", "pair"
+  with jax.enable_x64(True):
+    theta = jnp.asarray([-1.0, 0.5, 0.3, -0.2], jnp.float64)
+    s_x_of, s_z_of = np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])
+    _, _, prior, v_rewards, g_rewards = theory._unit_types(game)
+    ref = jnp.asarray(theory.reference_logits(game))
+    rng = np.random.default_rng(0)
+    n, batches = 4000, 50
+
+    def batch_loss(t, types, sac):
+      sx = s_x_of[types]
+      g = 2 + np.array([game.generator_state(a, b) for a, b in zip(sx, s_z_of[types], strict=True)])
+      v, _ = losses.paired_loss(
+        theory._pair_logp(t[sx]),
+        theory._pair_logp(ref[sx]),
+        v_rewards[types],
+        beta=beta,
+        kl=kl,
+        weighting=weighting,
+      )
+      gen, _ = losses.paired_loss(
+        theory._pair_logp(t[g]),
+        theory._pair_logp(ref[g]),
+        g_rewards[types],
+        beta=beta,
+        kl=kl,
+        weighting=weighting,
+        mask=jnp.asarray(sac),
+      )
+      return v + gen
+
+    grads = []
+    for _ in range(batches):
+      types = rng.choice(4, size=n, p=prior)
+      sac = rng.random(n) < np.asarray(jax.nn.sigmoid(theta[s_x_of[types]]))
+      grads.append(-np.asarray(jax.grad(batch_loss)(theta, types, sac.astype(np.float64))))
+    mc = np.mean(grads, axis=0)
+    expected = np.asarray(theory.vector_field(theta, game, beta, kl=kl, weighting=weighting))
+    trained = np.asarray(
+      theory.vector_field(theta, game, beta, kl=kl, weighting=weighting, averaging="sac_units")
+    )
+    rate = float(theory.sac_rate(theta, game))
+  np.testing.assert_allclose(trained[:2], expected[:2])  # the verifier: a mean over every unit
+  np.testing.assert_allclose(trained[2:], expected[2:] / rate, rtol=1e-12)
+  np.testing.assert_allclose(mc, trained, rtol=0.05, atol=2e-3)
+  assert np.max(np.abs(mc[2:] - expected[2:])) > 10 * np.max(np.abs(mc[2:] - trained[2:]))

@@ -164,3 +164,27 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(uninterrupted, 
   for a, c in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_c), strict=True):
     assert np.asarray(a).tobytes() == np.asarray(c).tobytes()
   assert meta_a == meta_c
+
+
+@pytest.mark.parametrize("schedule, updates", [("step", 1), ("case", 3)])
+def test_optimiser_updates_per_training_step(tmp_path, monkeypatch, schedule, updates):
+  """The reference code's schedule makes one AdamW update per case (3 cases: 3 updates, each case
+  played with the parameters the previous one left); today's makes one per step."""
+  from dpa_grpo import step as step_lib
+
+  c = dpa_config.get_config("tiny")
+  c.rollout.lines = ("1a",)
+  c.data.batch_cases = 3
+  c.train.update(steps=1, update_every=schedule)
+  config = ExperimentConfig.from_dict(c.to_dict())
+  trainer = train.Trainer(config, str(tmp_path))
+  calls = []
+  apply = step_lib.apply
+  monkeypatch.setattr(step_lib, "apply", lambda *a, **k: calls.append(1) or apply(*a, **k))
+  entry = trainer.train_step(1)
+  assert len(calls) == updates and np.isfinite(entry["verifier/loss"])
+  assert entry.get("updates", 1) == updates
+  counts = [int(x) for x in jax.tree.leaves(trainer.opt_state) if np.ndim(x) == 0]
+  assert counts and all(n == updates for n in counts)  # AdamW's step counter
+  records = list(rundir.read_jsonl(os.path.join(tmp_path, "records", "train.jsonl")))
+  assert len(records) == 3  # one unit per case

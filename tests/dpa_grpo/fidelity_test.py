@@ -1,0 +1,362 @@
+"""The reference code's training mechanisms as config options, on hand-built episodes.
+
+Each mechanism is off in the CPU presets (today's behaviour, which the CPU report was measured
+with) and on in the paper presets; docs/dpa_grpo.md has the fidelity table these tests follow.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lm
+from configs import dpa_grpo as dpa_config
+from dpa_grpo import config as config_lib
+from dpa_grpo import game, losses, metrics, packing, rollout
+from dpa_grpo.envs import forms
+from lm import scoring
+from lm.config import ModelConfig
+
+PAPER_PRESETS = [
+  f"{s}{m}" for s in ("qwen3_4b", "qwen3_8b") for m in ("", "_grpo", "_dapo", "_gspo", "_zero_shot")
+]
+
+
+def _typed(preset):
+  return config_lib.ExperimentConfig.from_dict(dpa_config.get_config(preset).to_dict())
+
+
+# ---- presets -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["cpu", "tiny", "cpu_grpo", "tiny_dapo"])
+def test_cpu_presets_resolve_to_todays_training(preset):
+  """Every new option is today's choice in the CPU presets, so the CPU report stays valid."""
+  c = _typed(preset)
+  assert c.loss.decision_rewards == "outcome" and not c.loss.case_weights
+  assert c.loss.revision_weight == 0.0 and not c.loss.skip_verifier_on_invalid_draft
+  assert c.loss.proposal_weight == 1.0 and c.loss.invalid_penalty == 0.1
+  assert not c.rollout.missing_as_zero and c.rollout.context == "submitted"
+  assert (
+    c.rollout.keep_rule == "majority"
+    and c.rollout.verdict_tokens == {"cpu": 40, "tiny": 8}[preset.split("_")[0]]
+  )
+  assert c.rollout.group_carry == "first" and c.baseline.mode == "library"
+  assert c.train.update_every == "step" and c.train.eval_cases == 0 and c.train.min_steps == 0
+  assert c.optim.weight_decay == 0.0 and c.optim.max_grad_norm == 1.0 and c.lora.dropout == 0.0
+  assert c.rollout.decision_tokens == {"cpu": 10, "tiny": 4}[preset.split("_")[0]]
+  assert c.data.batch_cases == {"cpu": 4, "tiny": 2}[preset.split("_")[0]]
+  assert c.rollout.group_size == {"cpu": 4, "tiny": 2}[preset.split("_")[0]]
+  assert (c.lora.rank, c.lora.alpha) == {"cpu": (8, 16.0), "tiny": (2, 4.0)}[preset.split("_")[0]]
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_paper_presets_train_as_the_reference_code(preset):
+  c = _typed(preset)
+  assert c.loss.decision_rewards == "shaped" and c.loss.case_weights
+  assert c.loss.revision_weight == 1.0 and c.loss.skip_verifier_on_invalid_draft
+  assert c.loss.proposal_weight == 0.0 and c.loss.invalid_penalty == 0.0
+  assert c.loss.kl == "k1" and c.loss.weighting == "pair" and c.loss.beta == 0.04
+  assert c.rollout.missing_as_zero and c.rollout.context == "draft" and c.rollout.keep_rule == "first"
+  assert (c.rollout.max_new_tokens, c.rollout.verdict_tokens, c.rollout.decision_tokens) == (2048, 2048, 256)
+  assert c.rollout.group_size == 2 and c.rollout.group_carry == "best" and c.baseline.mode == "reference"
+  assert c.train.update_every == "case" and c.data.batch_cases == 10
+  assert c.train.eval_cases == 8 and c.train.min_steps == 10 and c.train.patience == 2
+  assert c.optim.weight_decay == 0.01 and c.optim.lr == 1e-5 and c.optim.max_grad_norm == 0.0
+  assert (c.lora.rank, c.lora.alpha) == (8, 32.0)
+  assert (c.rollout.revisions, c.rollout.revision_temperature, c.rollout.explore) == (5, 0.7, 0.4)
+
+
+def test_lora_dropout_is_refused_not_ignored():
+  with pytest.raises(ValueError, match="lora.dropout=0.05 is not implemented"):
+    config_lib.LoRAConfig(dropout=0.05)
+
+
+@pytest.mark.parametrize(
+  "section, key, value",
+  [("loss", "decision_rewards", "binary"), ("train", "update_every", "epoch"), ("baseline", "mode", "trl")],
+)
+def test_unknown_choices_fail_with_their_key(section, key, value):
+  values = dpa_config.get_config("tiny").to_dict()
+  values[section][key] = value
+  with pytest.raises(ValueError, match=f"{section}.{key}"):
+    config_lib.ExperimentConfig.from_dict(values)
+
+
+# ---- hand-built units --------------------------------------------------------------------------
+
+
+def _sample(tokens, text="t"):
+  return rollout.Sample(text, tuple(tokens), -0.5, "stop")
+
+
+def _unit(x_right, sac, action=None, z_right=None, z_parsed=True, x_parsed=True, gold=5.0, case_id="c0"):
+  """A played unit built phase by phase (as `rollout.play` builds it), with the 8-case label."""
+  draft = rollout.Draft(
+    case_id=case_id,
+    line_id="1a",
+    gold=gold,
+    prompt="draft prompt",
+    prompt_ids=[1, 2, 3],
+    x=_sample([4, 5]),
+    amount=(gold if x_right else gold + 1) if x_parsed else None,
+    right=x_right,
+  )
+  parsed = game.VerifierReply(
+    action=game.SAC_ACTION if sac else game.NS,
+    verdict="wrong" if sac else "correct",
+    sac=game.SAC("c", "a", "e") if sac else None,
+    valid=True,
+    error="",
+    text="",
+  )
+  verdict = rollout.Verdict(prompt="verify", prompt_ids=[6, 7], reply=_sample([8]), parsed=parsed)
+  revision = decision = None
+  if sac:
+    z_amount = (gold if z_right else gold + 2) if z_parsed else None
+    revision = rollout.Revision(
+      prompt="revise",
+      prompt_ids=[9, 10],
+      samples=(_sample([11, 12]),),
+      amounts=(z_amount,),
+      kept=0,
+      z_amount=z_amount,
+      z_right=bool(z_right),
+      rights=(bool(z_right),),
+    )
+    decision = rollout.Decision(
+      prompt="decide",
+      prompt_ids=[13, 14],
+      reply=_sample([15]),
+      parsed=game.GeneratorDecision(action=action, valid=True, error="", text=""),
+      forced_revise=False,
+      action=action,
+    )
+  return rollout._settle(draft, verdict, revision, decision)
+
+
+class _Tokenizer:
+  def encode(self, text):
+    return [ord(ch) % 50 + 2 for ch in text[:8]]
+
+
+K, R = game.KEEP, game.REVISE
+# case: (x right, SAC, action, z right, z parsed)
+EIGHT = {
+  "1": (True, False, None, None, True),
+  "2": (True, True, R, True, True),
+  "3": (True, True, K, True, True),
+  "4": (False, False, None, None, True),
+  "5a": (False, True, R, True, True),
+  "5b": (False, True, R, False, True),
+  "6a": (False, True, K, False, True),
+  "6b": (False, True, K, True, True),
+}
+# The preferred action of each SAC'd case: today's outcome rule (None: a tie, no signal) and the
+# reference code's shaped rule.
+OUTCOME = {"2": None, "3": None, "5a": R, "5b": None, "6a": None, "6b": R}
+SHAPED = {"2": K, "3": K, "5a": R, "5b": K, "6a": K, "6b": R}
+
+
+def _preferred(rewards):
+  return None if rewards[0] == rewards[1] else int(rewards[1] > rewards[0])
+
+
+@pytest.mark.parametrize("rule, expected", [("outcome", OUTCOME), ("shaped", SHAPED)])
+@pytest.mark.parametrize("case", list(EIGHT))
+def test_decision_rewards_across_the_eight_cases(case, rule, expected):
+  unit = _unit(*EIGHT[case])
+  assert unit.case == case
+  loss = config_lib.LossConfig(decision_rewards=rule, proposal_weight=0.0, invalid_penalty=0.0)
+  items = packing.dpa_items([unit], _Tokenizer(), loss)
+  (verdict,) = items["verifier"]
+  assert verdict.rewards == ((1.0, 0.0) if unit.x_right else (0.0, 1.0))  # [NS, SAC]
+  if case in ("1", "4"):  # no SAC: the generator does not act, no decision pair
+    assert items["generator"] == []
+    return
+  (decision,) = items["generator"]
+  assert decision.completions == tuple(_Tokenizer().encode(s) for s in game.GENERATOR_PAIR)
+  assert _preferred(decision.rewards) == expected[case]
+  if rule == "outcome":
+    assert decision.rewards == (float(unit.x_right), float(unit.z_right))
+
+
+def test_shaped_rule_keeps_on_an_unparsable_revision():
+  unit = _unit(False, True, R, z_right=False, z_parsed=False)
+  rewards = packing.decision_rewards(unit, config_lib.LossConfig(decision_rewards="shaped"))
+  assert _preferred(rewards) == K
+
+
+def test_case_weights_are_inverse_frequency_with_mean_one():
+  units = [_unit(*EIGHT["3"])] * 3 + [_unit(*EIGHT["6a"])]
+  loss = config_lib.LossConfig(case_weights=True, proposal_weight=0.0, invalid_penalty=0.0)
+  weights = [i.weight for i in packing.dpa_items(units, _Tokenizer(), loss)["generator"]]
+  np.testing.assert_allclose(weights, [2 / 3, 2 / 3, 2 / 3, 2.0])
+  assert np.mean(weights) == pytest.approx(1.0)
+  chunk = packing.dpa_chunks(packing.dpa_items(units, _Tokenizer(), loss)["generator"], 1, 4, pad_id=0)[0]
+  np.testing.assert_allclose(chunk["item_weight"], weights)
+
+
+def test_verifier_update_is_skipped_when_the_draft_is_unparsable():
+  unit = _unit(False, True, K, z_right=False, x_parsed=False)
+  for skip, expected in ((False, 1), (True, 0)):
+    loss = config_lib.LossConfig(skip_verifier_on_invalid_draft=skip)
+    assert len(packing.dpa_items([unit], _Tokenizer(), loss)["verifier"]) == expected
+  parsed = _unit(False, True, K, z_right=False)
+  loss = config_lib.LossConfig(skip_verifier_on_invalid_draft=True)
+  assert len(packing.dpa_items([parsed], _Tokenizer(), loss)["verifier"]) == 1
+
+
+def test_pair_loss_on_the_draft_prompt_and_invalid_penalty_are_options():
+  unit = _unit(*EIGHT["5a"])
+  unit = dataclasses.replace(
+    unit, decision=dataclasses.replace(unit.decision, parsed=game.GeneratorDecision(K, False, "bad", "?"))
+  )
+  on = packing.dpa_items([unit], _Tokenizer(), config_lib.LossConfig())["generator"]
+  assert [i.component for i in on] == [0, 1, -1]  # decision, proposal [x, z], the invalid reply
+  assert on[1].prompt == unit.draft.prompt_ids and on[2].penalty == (0.1, 0.0)
+  off = config_lib.LossConfig(proposal_weight=0.0, invalid_penalty=0.0)
+  assert [i.component for i in packing.dpa_items([unit], _Tokenizer(), off)["generator"]] == [0]
+
+
+# ---- the revise turn's group -------------------------------------------------------------------
+
+
+def _revise_unit(rights, tokens):
+  unit = _unit(False, True, R, z_right=rights[0])
+  samples = tuple(_sample(t) for t in tokens)
+  revision = dataclasses.replace(
+    unit.revision, samples=samples, amounts=(5.0,) * len(samples), rights=tuple(rights)
+  )
+  return dataclasses.replace(unit, revision=revision)
+
+
+def test_revision_items_carry_the_groups_advantages():
+  unit = _revise_unit((False, True, False), [[20, 21], [22, 23], [24]])
+  loss = config_lib.LossConfig(revision_weight=1.0, beta=0.04)
+  items = packing.revision_items([unit], loss)
+  assert len(items) == 2 and items[1].completions == ((24,), ())
+  adv = np.array([-1, 2, -1]) / np.sqrt(2)  # (r − μ)/σ of [0, 1, 0]
+  coefs = [items[0].coef[0], items[0].coef[1], items[1].coef[0]]
+  np.testing.assert_allclose(coefs, -adv / 3, rtol=1e-6)
+  np.testing.assert_allclose([items[0].kl_coef, items[1].kl_coef], [[0.04 / 3] * 2, [0.04 / 3, 0.0]])
+  tied = _revise_unit((True, True), [[20], [21]])
+  assert packing.revision_items([tied], loss)[0].coef == (0.0, 0.0)  # a tie: only the k1 term
+
+
+def test_the_revise_group_moves_log_prob_of_the_right_revision_up():
+  """One gradient step of the generator's loss on a unit whose second revision is right: its mean
+  log-prob under the policy rises, the wrong ones' fall (no other term in the batch)."""
+  model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
+  ref = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
+  unit = _revise_unit((False, True, False, False), [[20, 21], [30, 31], [40, 41], [50, 51]])
+  loss = config_lib.LossConfig(revision_weight=1.0, proposal_weight=0.0, invalid_penalty=0.0)
+  items = [i for i in packing.dpa_items([unit], _Tokenizer(), loss)["generator"] if i.component < 0]
+  (chunk,) = packing.dpa_chunks(items, 1, 2, pad_id=0)
+  batch = {k: jnp.asarray(v) for k, v in chunk.items()}
+  cfg = losses.DPALossConfig(components=("decision",), component_weights=(1.0,), vocab_chunk=64)
+  graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def loss_of(p):
+    return losses.dpa_loss(nnx.merge(graph, p, rest), ref, batch, cfg)[0]
+
+  def logp_of(p):
+    _, seq = scoring.sequence_logprobs(nnx.merge(graph, p, rest), batch, normalize=True, chunk=64)
+    return np.asarray(seq)  # rows: revisions 0, 1, 2, 3
+
+  grads = jax.grad(loss_of)(params)
+  stepped = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
+  before, after = logp_of(params), logp_of(stepped)
+  assert after[1] > before[1] + 1e-3
+  assert all(after[k] < before[k] for k in (0, 2, 3))
+
+
+# ---- scoring, context and the reference baseline -----------------------------------------------
+
+
+def test_reference_scoring_reads_a_missing_amount_as_zero():
+  today, reference = rollout.RolloutConfig(), rollout.RolloutConfig(missing_as_zero=True)
+  assert not today.correct(None, 0.0) and reference.correct(None, 0.0)
+  assert not reference.correct(None, 12.0) and reference.correct(12.0, 12.0)
+  both = metrics.both_scorings([(None, 0.0), (None, 3.0), (3.0, 3.0), (1.0, 0.0)])
+  assert both == {"accuracy_missing_wrong": 0.25, "accuracy_missing_as_zero": 0.5}
+
+
+class _Scripted:
+  """A generator that answers every prompt with fixed amounts (one per sample), recording prompts."""
+
+  def __init__(self, cfg, amounts):
+    self.cfg, self.amounts, self.prompts = cfg, amounts, []
+
+  def generate(self, prompts, *, n, seeds, **_):
+    self.prompts.extend(prompts)
+    line = len(self.prompts) // len(prompts) - 1
+    texts = [self.cfg.answer(self.cfg.lines[line], a, "because") for a in self.amounts(line, n)]
+    samples = [[_sample([2 + i], t) for i, t in enumerate(texts)] for _ in prompts]
+    return [[1]] * len(prompts), samples
+
+
+@pytest.mark.parametrize("carry", ["first", "best"])
+def test_baseline_carries_the_first_or_the_oracle_best_draft(carry):
+  case = forms.generate_cases(1, seed=0, difficulty=0)[0]
+  cfg = rollout.RolloutConfig(lines=("1a", "9"), group_size=2, group_carry=carry)
+  gold = case.gold["1a"]
+  g = _Scripted(cfg, lambda line, n: [gold + 7, gold] if line == 0 else [0.0, 0.0])
+  groups = rollout.sample_groups([case], g, cfg, seed=0, step=0)
+  assert groups[0].rewards == (0.0, 1.0)
+  carried = gold if carry == "best" else gold + 7
+  assert g.prompts[1] == cfg.line_prompt(cfg.show(case), "9", {"1a": carried})
+  items = packing.draft_pair_items(groups)
+  tied = groups[1].rewards[0] == groups[1].rewards[1]
+  assert tied and len(items) == 1  # the tied group of line 9 is skipped
+  assert items[0].rewards == (0.0, 1.0) and items[0].completions == ((2,), (3,))
+
+
+def test_reference_baseline_mode_trains_with_the_pair_loss():
+  from dpa_grpo import step
+
+  c = _typed("qwen3_4b_dapo")
+  assert step.loss_method("dapo", c.baseline) == "dpa_grpo"
+  cfg = step.loss_configs("dapo", c.loss, c.baseline, max_new_tokens=8)["generator"]
+  assert (cfg.kl, cfg.weighting, cfg.beta, cfg.components) == ("k1", "pair", 0.0, ("draft",))
+  library = _typed("cpu_dapo")
+  assert step.loss_method("dapo", library.baseline) == "dapo"
+
+
+def _played(context):
+  """Two lines of one case: the verifier always SACs, the decision is REVISE, the revision right."""
+  case = forms.generate_cases(1, seed=0, difficulty=0)[0]
+  cfg = rollout.RolloutConfig(lines=("1a", "9"), revisions=1, context=context, explore=0.0)
+  gold = case.gold["1a"]
+
+  class Policy:
+    def __init__(self, reply):
+      self.reply, self.prompts = reply, []
+
+    def generate(self, prompts, *, n, seeds, **_):
+      self.prompts.extend(prompts)
+      return [[1]] * len(prompts), [[_sample([2], self.reply(p)) for _ in range(n)] for p in prompts]
+
+  def generator_reply(prompt):
+    if '"decision"' in prompt or "KEEP" in prompt:
+      return game.render_decision(game.REVISE)
+    revising = "Claim" in prompt or "claim" in prompt
+    return cfg.answer("1a", gold if revising else gold + 9, "r")
+
+  g = Policy(generator_reply)
+  v = Policy(lambda p: game.render_verifier_reply("wrong", game.SAC("c", "a", "e")))
+  units = rollout.play([case], g, v, cfg, seed=0, step=0)
+  return cfg, case, units, g
+
+
+@pytest.mark.parametrize("context", ["submitted", "draft"])
+def test_later_lines_show_the_submitted_amount_or_the_original_draft(context):
+  cfg, case, units, g = _played(context)
+  first = units[0]
+  assert first.case == "5a" and first.submitted != first.draft.amount
+  shown = first.submitted if context == "submitted" else first.draft.amount
+  expected = cfg.line_prompt(cfg.show(case), "9", {"1a": shown})
+  assert expected in g.prompts and units[1].draft.prompt == expected
