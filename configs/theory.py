@@ -22,7 +22,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       generator_sees_revision=True,
     )
   )
-  c.loss = ml_collections.ConfigDict(dict(beta=0.04, kl="k1", weighting="pair"))
+  # averaging: "expected" (the generator weighted by P(SAC), the game's ODE) or "sac_units" (its loss
+  # averaged over SAC'd units, as the trainer does: the generator's clock runs 1/P(SAC) times faster).
+  c.loss = ml_collections.ConfigDict(dict(beta=0.04, kl="k1", weighting="pair", averaging="expected"))
   # ODE: RK4 steps to t_end; `grid`² trajectory starts and a `quiver`² arrow grid in the portrait.
   c.ode = ml_collections.ConfigDict(dict(t_end=300.0, steps=3000, save_every=10, grid=4, quiver=17))
   # Stochastic approximation: step sizes a_n = a0 / (1 + n / n0)^kappa, `seeds` runs, `shown` drawn.
