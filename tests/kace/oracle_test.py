@@ -4,13 +4,12 @@ asked, and — with a scripted solver that applies a card for its question's kin
 testbed's true conventions and nothing else. The solver here is scripted (a rule, not a model)."""
 
 import json
-import random
 
 import pytest
 
 from kace import cards, embed, learn, oracle, solve, testbed, tiers
-from lm import generators, sampler
-from tests.kace import learn_helpers
+from lm import generators
+from tests.kace import learn_helpers, testbed_helpers
 
 PARAMS = generators.GenerationParams(max_tokens=8, temperature=1.0)
 
@@ -115,38 +114,12 @@ def test_curator_deletes_negative_credit_and_the_weaker_of_two_rules_for_a_kind(
   assert {(op.op, op.ids) for op in ops} == {("delete", (ids[2],)), ("delete", (ids[1],))}
 
 
-class ConventionSolver:
-  """A scripted solver that does what the trained solver is meant to: it computes the base answer and
-  applies the card of its question's kind when the notes hold one; level-1 kinds are the identity;
-  otherwise each sample guesses a training convention (seeded by the sampling seed)."""
-
-  def generate(self, prompts, n=1, params=None):
-    out = []
-    per = sampler.per_prompt(params, len(prompts), "params")
-    for prompt, count, par in zip(prompts, sampler.per_prompt(n, len(prompts), "n"), per, strict=True):
-      text = learn_helpers._text(prompt)
-      notes, question = text.rsplit("Problem: ", 1)
-      kind, base = testbed.parse_question(question)
-      held = dict(filter(None, (testbed.parse_card(line) for line in notes.splitlines())))
-      rng = random.Random(par.seed)
-      if testbed.KIND_OF_WORD[kind][1] == 1:
-        rules = [testbed.IDENTITY] * count
-      elif kind in held:
-        rules = [held[kind]] * count
-      else:
-        rules = [rng.choice(testbed.TRAIN_H) for _ in range(count)]
-      out.append(
-        [generators.Generation(f"\\boxed{{{r.apply(base)}}}", None, None, "stop", 10, 4) for r in rules]
-      )
-    return out
-
-
 def test_add_with_the_oracle_teacher_learns_the_true_conventions(grader, tmp_path, bench):
   _, rules, train, _ = bench
   bert = embed.MiniLM(learn_helpers.tiny_bert(str(tmp_path / "bert")))
   teacher, curator = oracle.OracleTeacher(), oracle.OracleCurator()
   learner = learn.Learner(
-    solver=ConventionSolver(), teacher=teacher, curator=curator, grader=grader, embedder=bert,
+    solver=testbed_helpers.ConventionSolver(), teacher=teacher, curator=curator, grader=grader, embedder=bert,
     schedule=tiers.Schedule(), params=PARAMS, role_params=PARAMS,
     config=learn.LearnConfig(failures_per_prompt=6, max_cards=3, universal=False),
     domains=testbed.DOMAINS,
