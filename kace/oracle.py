@@ -97,7 +97,7 @@ class OracleTeacher:
       text = testbed.card_text(kind, rule)
       if text not in held:
         out.append({"type": testbed.CARD_TYPE, "text": text})
-    return json.dumps({"cards": out}) if out else _ABSTAIN
+    return json.dumps({"cards": out, "by": LABEL}) if out else _ABSTAIN
 
   def generate(self, prompts: Sequence[generators.Prompt], n=1, params=None):
     counts = sampler.per_prompt(n, len(prompts), "n")
@@ -142,7 +142,7 @@ class OracleCurator:
       best[key] = row if worse is other else other
       ops.append({"op": "delete", "id": worse["id"], "reason": f"{LABEL}: a second rule for {parsed[0]}"})
       deleted.add(worse["id"])
-    return json.dumps({"operations": ops})
+    return json.dumps({"operations": ops, "by": LABEL})
 
   def generate(self, prompts: Sequence[generators.Prompt], n=1, params=None):
     counts = sampler.per_prompt(n, len(prompts), "n")

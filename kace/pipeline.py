@@ -14,7 +14,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kace import answers, baselines, cards, data, embed, evaluate, learn, methods
+from kace import answers, baselines, cards, data, embed, evaluate, learn, methods, oracle
 from kace import config as config_lib
 from lm import rundir
 
@@ -38,7 +38,7 @@ PAPER = {
 
 def training_problems(config: config_lib.KaceConfig, grader: answers.Grader) -> list[data.Problem]:
   """The training half of `config.data`, a seeded sample of `learn.train_limit` when that is set."""
-  problems = evaluate.load_problems(config.data, config.synthetic.tiny_solver(), grader, half="train")
+  problems = evaluate.load_problems(config.data, config.generated(), grader, half="train")
   if config.learn.train_limit and len(problems) > config.learn.train_limit:
     problems = random.Random(config.seed).sample(problems, config.learn.train_limit)
   return sorted(problems, key=lambda p: p.id)
@@ -52,11 +52,12 @@ def learner(
   universal_budget: int | None = None,
 ) -> learn.Learner:
   """The roles, sampling and ADD / REFINE options every artefact's learning shares."""
-  roles = config.roles
+  roles, bed = config.roles, config.testbed
+  teacher = oracle.OracleTeacher(bed.oracle_noise, config.seed) if bed.oracle_teacher else None
   return learn.Learner(
     solver=methods.role(roles.get("solver")),
-    teacher=methods.role(roles.get("teacher")),
-    curator=methods.role(roles.get("curator")),
+    teacher=teacher or methods.role(roles.get("teacher")),
+    curator=oracle.OracleCurator() if bed.oracle_curator else methods.role(roles.get("curator")),
     grader=grader,
     embedder=embedder,
     schedule=config.schedule.schedule(),
