@@ -32,7 +32,7 @@ from lm import generators, sampler
 LABEL = "oracle (programmatic)"
 
 _PROBLEM_RE = re.compile(r"### Problem \d+[^\n]*\n(?P<question>[^\n]*)\nCorrect answer: (?P<gold>[^\n]*)")
-_ABSTAIN = json.dumps({"cards": [], "note": f"{LABEL}: no kind with two agreeing failures"})
+_ABSTAIN = json.dumps({"cards": [], "by": LABEL, "note": "no kind with two agreeing failures"})
 
 
 def _text(prompt: generators.Prompt) -> str:

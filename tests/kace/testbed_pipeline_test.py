@@ -1,0 +1,52 @@
+"""The testbed pipeline end to end at smoke size: a testbed solver built (2 SFT steps) into a cache,
+every registered method learned and evaluated on testbed problems into one table, the oracle
+(programmatic) teacher and curator answering every teacher and curator prompt, labelled as such."""
+
+import json
+
+import pytest
+
+import configs.kace
+from kace import cards, learn, methods, oracle, pipeline
+from kace import config as kace_config
+from lm import rundir
+from tests.kace import learn_helpers
+
+ALL = tuple(sorted(methods.METHODS))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_testbed_table_runs_every_method_with_the_oracle_roles(tmp_path):
+  bert_dir = learn_helpers.tiny_bert(str(tmp_path / "bert"))
+  c = configs.kace.get_config("testbed")
+  c.synthetic.cache_dir = str(tmp_path / "cache")
+  c.testbed.update(per_cell=4, test_per_cell=1)
+  c.testbed.solver.update(examples=64, steps=2, batch_size=4, hidden_size=32, intermediate_size=64)
+  c.roles.solver.sampler = dict(min_prompt_bucket=256, min_rows=8, step_bucket=8, max_rows=512)
+  c.sampling.max_tokens = 6
+  c.role_sampling.max_tokens = 8
+  c.data.limit = 3
+  c.eval.update(solve_rate_k=0, bootstrap=50, batch_size=8)
+  c.grader.workers = 1
+  c.learn.update(retries=0, attempt_tokens=10, max_cards=2, embedder_dir=bert_dir, max_sweeps=1)
+  c.ace.batch_size = 4
+  c.gepa.max_metric_calls = 4
+  c.retrieval.model_dir = bert_dir
+  c.table.methods = ALL
+  config = kace_config.KaceConfig.from_dict(c)
+  results = pipeline.table(config, str(tmp_path / "run"))
+  assert set(results["testbed"]) == set(ALL)
+  assert all(m["problems"] == 3 for m in results["testbed"].values())
+  assert len(list((tmp_path / "cache").glob("testbed-solver-*/build.json"))) == 1
+  run = tmp_path / "run" / "testbed"
+  recorded = json.loads((run / "eval" / "config.json").read_text())
+  assert recorded["data"]["name"] == "testbed" and recorded["testbed"]["oracle_teacher"]
+  assert "testbed-solver-" in recorded["roles"]["solver"]["checkpoint"]
+  for artifact in ("kace", "no_domain", "no_difficulty"):
+    assert cards.EpistemicTree.load(run / "build" / artifact / "tree.json") is not None
+    log = list(rundir.read_jsonl(run / "build" / artifact / learn.LOG))
+    replies = [r for line in log for r in line.get("replies", ())]
+    assert replies and all(json.loads(r)["by"] == oracle.LABEL for r in replies)
+  table = (tmp_path / "run" / "table.md").read_text()
+  assert all(f"| {name} | " in table for name in ALL)
