@@ -177,6 +177,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       per_cell=40,
       test_per_cell=12,
       control="none",  # none | identity | shared | level1
+      seeds=(0, 1, 2),  # launch/kace_testbed.py: one table per seed, predictions judged on all
       solver=dict(
         seed=0,
         examples=20_000,

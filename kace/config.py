@@ -294,6 +294,7 @@ class TestbedSection:
       ("oracle (programmatic)") instead of `roles.teacher` / `roles.curator`.
     oracle_noise: the oracle teacher's rate of wrong rules.
     seed, per_cell, test_per_cell, control: `testbed.TestbedConfig`.
+    seeds: the comparison's seeds (`pipeline.testbed_comparison`): each sets `seed` and the run's seed.
     solver: `synthetic.TestbedSolverConfig`.
   """
 
@@ -305,6 +306,7 @@ class TestbedSection:
   per_cell: int = 40
   test_per_cell: int = 12
   control: str = "none"
+  seeds: tuple[int, ...] = (0, 1, 2)
   solver: synthetic.TestbedSolverConfig = dataclasses.field(default_factory=synthetic.TestbedSolverConfig)
 
   def __post_init__(self):

@@ -14,7 +14,19 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kace import answers, baselines, cards, data, embed, evaluate, learn, methods, oracle
+from kace import (
+  answers,
+  baselines,
+  cards,
+  data,
+  embed,
+  evaluate,
+  learn,
+  methods,
+  oracle,
+  predictions,
+  synthetic,
+)
 from kace import config as config_lib
 from lm import rundir
 
@@ -200,3 +212,52 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
     ]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
+
+
+class GateError(RuntimeError):
+  """The testbed solver fails a gate: no comparison is run on it (fix the testbed first)."""
+
+
+def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
+  """Builds (or finds) the testbed solver and measures its gates (`synthetic.testbed_gates`) on
+  `config.testbed`'s held-out problems; writes `workdir/gates.json` and returns it."""
+  config = evaluate.resolve(config)
+  solver = methods.role(config.roles.solver)
+  gates = synthetic.testbed_gates(solver, config.testbed.testbed(), config.sampling.params())
+  gates = {**gates, "solver": config.roles.solver.checkpoint, "bounds": synthetic.GATES}
+  rundir.write_json(os.path.join(workdir, "gates.json"), gates)
+  return gates
+
+
+def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=None) -> dict:
+  """The testbed comparison: the gates first (GateError if one fails), then `table` once per seed of
+  `config.testbed.seeds` into `workdir/seed<s>/` (the testbed's conventions and the run's seeds
+  both follow it), then the pre-registered predictions judged on every seed's records
+  (`kace.predictions`; the control's own predictions under a control) into `workdir/report.md`."""
+  os.makedirs(workdir, exist_ok=True)
+  gates = testbed_gates(config, workdir)
+  _log.info("testbed gates: %s", gates)
+  if not gates["all_passed"]:
+    raise GateError(f"the testbed solver fails its gates ({gates['passed']}); see {workdir}/gates.json")
+  results, evals = {}, []
+  for seed in config.testbed.seeds:
+    c = dataclasses.replace(config, seed=seed, testbed=dataclasses.replace(config.testbed, seed=seed))
+    run = os.path.join(workdir, f"seed{seed}")
+    results[seed] = table(c, run, embedder)
+    evals += [os.path.join(run, bench, "eval") for bench in c.table.benchmarks]
+  control = config.testbed.control
+  judged = predictions.MAIN if control == "none" else predictions.CONTROLS[control]
+  rates = "\n".join(f"| {k} | {v:.3f} |" for k, v in gates["rates"].items())
+  text = (
+    f"# The latent-convention testbed (control: {control}; teacher and curator: {oracle.LABEL})\n\n"
+    f"## Gates (level 2: true card >= 0.8, no card <= 0.3, true card + distractors >= 0.7)\n\n"
+    f"| condition / level | solve rate |\n|---|---|\n{rates}\n\n"
+    f"## Pre-registered predictions (docs/kace.md)\n\n{predictions.report(evals, judged)}\n"
+    + "".join(
+      f"## Seed {seed}\n\n{table_markdown(res, config.table.methods).split(chr(10), 2)[2]}\n"
+      for seed, res in results.items()
+    )
+  )
+  rundir.atomic_write_text(os.path.join(workdir, "report.md"), text)
+  rundir.write_json(os.path.join(workdir, "results.json"), {str(s): r for s, r in results.items()})
+  return {"gates": gates, "results": results}

@@ -50,3 +50,21 @@ def test_testbed_table_runs_every_method_with_the_oracle_roles(tmp_path):
     assert replies and all(json.loads(r)["by"] == oracle.LABEL for r in replies)
   table = (tmp_path / "run" / "table.md").read_text()
   assert all(f"| {name} | " in table for name in ALL)
+
+
+@pytest.mark.slow
+def test_comparison_refuses_a_solver_that_fails_its_gates(tmp_path):
+  c = configs.kace.get_config("testbed")
+  c.synthetic.cache_dir = str(tmp_path / "cache")
+  c.testbed.update(per_cell=4, test_per_cell=2)
+  c.testbed.solver.update(examples=16, steps=1, batch_size=4, hidden_size=32, intermediate_size=64)
+  c.roles.solver.sampler = dict(min_prompt_bucket=256, min_rows=8, step_bucket=8, max_rows=512)
+  with pytest.raises(pipeline.GateError, match="gates"):
+    pipeline.testbed_comparison(kace_config.KaceConfig.from_dict(c), str(tmp_path / "run"))
+  gates = rundir.read_json(tmp_path / "run" / "gates.json")
+  assert not gates["all_passed"] and set(gates["passed"]) == {
+    "true_card",
+    "no_card",
+    "true_card_and_distractors",
+  }
+  assert not (tmp_path / "run" / "seed0").exists()  # no comparison ran
