@@ -335,7 +335,7 @@ class TestbedSolverConfig:
 
 
 # Bump when the testbed build changes in a way the config does not capture (prompt format, kinds, H).
-TESTBED_SOLVER_VERSION = "1"
+TESTBED_SOLVER_VERSION = "2"
 
 
 def convention_notes(cards: Sequence[str]) -> str:

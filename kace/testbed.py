@@ -82,15 +82,17 @@ class Convention:
 
 
 IDENTITY = Convention("id")
-# The declared hypothesis set H, and its split into the constants the solver is trained on and the
-# held-out constants the evaluated blocks use.
+# The declared hypothesis set H, and its split into the conventions the solver is trained on and the
+# held-out conventions the evaluated blocks use. Constants are held out per operation: the evaluated
+# "add 3 / 6 / 9" never occur in training, while 3, 6 and 9 do occur as multipliers. A 2-layer model
+# trained on adding only 1, 2, 4, 5, 7, 8 does not copy an unseen constant from a card (it answers
+# with the nearest seen one, measured: 0.7% solved at level 2); with every digit seen after some
+# operation word it learns to copy the digit.
 TRAIN_H = (
   IDENTITY,
   *(Convention("add", k) for k in (1, 2, 4, 5, 7, 8)),
-  *(Convention("mul", k) for k in (2, 4)),
+  *(Convention("mul", k) for k in (2, 3, 4, 6, 9)),
 )
-# Held-out constants are additive only: a 2-layer model can add a constant it never saw in a card
-# (it adds every digit pair in the base sums) but not multiply by one it never saw.
 TEST_H = tuple(Convention("add", k) for k in (3, 6, 9))
 H = tuple(sorted(set(TRAIN_H) | set(TEST_H)))
 
