@@ -245,11 +245,17 @@ def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=Non
     run = os.path.join(workdir, f"seed{seed}")
     results[seed] = table(c, run, embedder)
     evals += [os.path.join(run, bench, "eval") for bench in c.table.benchmarks]
+    _testbed_report(config, workdir, gates, results, evals)  # after every seed: the seeds so far
+  return {"gates": gates, "results": results}
+
+
+def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, results: dict, evals) -> None:
   control = config.testbed.control
   judged = predictions.MAIN if control == "none" else predictions.CONTROLS[control]
   rates = "\n".join(f"| {k} | {v:.3f} |" for k, v in gates["rates"].items())
   text = (
     f"# The latent-convention testbed (control: {control}; teacher and curator: {oracle.LABEL})\n\n"
+    f"Seeds run: {', '.join(map(str, results))} of {', '.join(map(str, config.testbed.seeds))}.\n\n"
     f"## Gates (level 2: true card >= 0.8, no card <= 0.3, true card + distractors >= 0.7)\n\n"
     f"| condition / level | solve rate |\n|---|---|\n{rates}\n\n"
     f"## Pre-registered predictions (docs/kace.md)\n\n{predictions.report(evals, judged)}\n"
@@ -260,4 +266,3 @@ def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=Non
   )
   rundir.atomic_write_text(os.path.join(workdir, "report.md"), text)
   rundir.write_json(os.path.join(workdir, "results.json"), {str(s): r for s, r in results.items()})
-  return {"gates": gates, "results": results}
