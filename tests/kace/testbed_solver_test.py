@@ -1,7 +1,7 @@
 """The testbed solver's training data and gates, without training a model: training cards use only
-training conventions (the evaluated constants are held out), the true card is of the problem's kind,
-level-1 targets are the base answer, and the gates pass a solver that uses cards and fail one that
-ignores them (scripted solvers)."""
+training conventions (with `hold_out`, the evaluated constants are held out), the true card is of
+the problem's kind, level-1 targets are the base answer, and the gates pass a solver that uses
+cards and fail one that ignores them (scripted solvers)."""
 
 import collections
 
@@ -14,19 +14,18 @@ from tests.kace import testbed_helpers
 PARAMS = generators.GenerationParams(max_tokens=16, temperature=0.7, seed=3)
 
 
-@pytest.fixture(scope="module")
-def examples():
-  return synthetic.testbed_examples(synthetic.TestbedSolverConfig(examples=3000))
-
-
-def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(examples):
-  with_card = collections.Counter()
+@pytest.mark.parametrize("hold_out", [True, False])
+def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(hold_out):
+  examples = synthetic.testbed_examples(synthetic.TestbedSolverConfig(examples=3000, hold_out=hold_out))
+  allowed = testbed.TRAIN_H if hold_out else testbed.H
+  seen, with_card = set(), collections.Counter()
   for chat, completion in examples:
     text = chat[0]["content"]
     notes, question = text.rsplit("Problem: ", 1)
     kind, base = testbed.parse_question(question)
     held = [testbed.parse_card(line) for line in notes.splitlines() if line.startswith("- [convention]")]
-    assert all(rule in testbed.TRAIN_H for _, rule in held)
+    assert all(rule in allowed for _, rule in held)
+    seen |= {rule for _, rule in held}
     assert len({k for k, _ in held}) == len(held)  # one card per kind
     answer = int(completion.rsplit("{", 1)[1].rstrip("}"))
     level = testbed.KIND_OF_WORD[kind][1]
@@ -38,6 +37,7 @@ def test_training_cards_hold_only_training_conventions_and_targets_follow_the_tr
     with_card[level, rule is not None] += 1
   share = with_card[2, True] / (with_card[2, True] + with_card[2, False])
   assert 0.6 < share < 0.8  # card_fraction 0.7
+  assert seen == set(allowed)
 
 
 def test_solver_config_key_changes_with_every_field():
