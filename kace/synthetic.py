@@ -328,7 +328,7 @@ class TestbedSolverConfig:
   num_heads: int = 4
   num_kv_heads: int = 2
   head_dim: int = 16
-  steps: int = 1200
+  steps: int = 2000
   batch_size: int = 32
   learning_rate: float = 3e-3
   warmup_steps: int = 50
