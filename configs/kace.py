@@ -182,6 +182,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         seed=0,
         examples=20_000,
         card_fraction=0.7,
+        min_distractors=0,
         max_distractors=8,
         hold_out=False,  # True: train on kace.testbed.TRAIN_H only (held-out constants; fails its gates)
         vocab_size=512,

@@ -308,6 +308,8 @@ class TestbedSolverConfig:
     card_fraction: share of level >= 2 examples whose notes hold the true card of their kind (a
       training convention); the others have no true card and a random training convention as their
       target, so without a card the solver guesses and its samples disagree.
+    min_distractors: at least this many distractor cards in every prompt (monolithic contexts hold
+      every block's card, so robustness to many matters most).
     max_distractors: up to this many cards for other kinds (random training conventions) are mixed
       into the notes, in random order, so the solver learns to read the card of its own kind.
     hold_out: train on `testbed.TRAIN_H` only (the evaluated "add 3 / 6 / 9" never seen); False
@@ -319,6 +321,7 @@ class TestbedSolverConfig:
   seed: int = 0
   examples: int = 20_000
   card_fraction: float = 0.7
+  min_distractors: int = 0
   max_distractors: int = 8
   hold_out: bool = False
   vocab_size: int = 512
@@ -359,7 +362,8 @@ def testbed_examples(config: TestbedSolverConfig) -> list[tuple[list[dict[str, s
     a, op, b = testbed.draw_base(domain, rng)
     base = testbed.OPS[op](a, b)
     others = rng.sample(
-      [k for k in testbed.KINDS.values() if k != kind], rng.randint(0, config.max_distractors)
+      [k for k in testbed.KINDS.values() if k != kind],
+      rng.randint(config.min_distractors, config.max_distractors),
     )
     notes = [testbed.card_text(k, rng.choice(rules)) for k in others]
     if level == 1:
