@@ -7,6 +7,8 @@ cpu       a tiny Qwen3-style model the project trains on its own synthetic maths
           cached), evaluated on that set's held-out problems — a few minutes on 2 cores.
 qwen3_4b  a local HF checkpoint through JaxGenerator on a mesh, on MATH levels 4–5:
           --config.roles.solver.checkpoint=/path/Qwen3-4B --config.data.source=/path/MATH
+testbed   the latent-convention testbed (kace.testbed): a tiny solver trained to use cards (built once,
+          cached), the oracle (programmatic) teacher and curator, every method of the registry.
 openai    any OpenAI-compatible server (vLLM, SGLang, launch/serve.py):
           --config.roles.solver.base_url=http://host:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B
 """
@@ -162,7 +164,43 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     )
   )
 
-  if arg == "cpu":
+  # The latent-convention testbed (kace.testbed; data.name="testbed"): its problems, its context-using
+  # solver (kace.synthetic.TestbedSolverConfig fields, cached under synthetic.cache_dir) and the
+  # oracle (programmatic) teacher and curator (kace.oracle).
+  c.testbed = ml_collections.ConfigDict(
+    dict(
+      build_solver=False,
+      oracle_teacher=False,
+      oracle_curator=False,
+      oracle_noise=0.0,
+      seed=0,
+      per_cell=40,
+      test_per_cell=12,
+      control="none",  # none | identity | shared | level1
+      seeds=(0, 1, 2),  # launch/kace_testbed.py: one table per seed, predictions judged on all
+      solver=dict(
+        seed=0,
+        examples=20_000,
+        card_fraction=0.7,
+        min_distractors=0,
+        max_distractors=8,
+        hold_out=False,  # True: train on kace.testbed.TRAIN_H only (held-out constants; fails its gates)
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=192,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        steps=2000,
+        batch_size=32,
+        learning_rate=3e-3,
+        warmup_steps=50,
+      ),
+    )
+  )
+
+  if arg in ("cpu", "testbed"):
     c.synthetic.build_solver = True  # fills roles.solver.checkpoint and kace.tree
     c.roles.solver.dtype = "float32"
     c.roles.solver.sampler = ml_collections.ConfigDict(
@@ -174,6 +212,17 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     c.learn.update(train_limit=96, budget_tokens=256, attempt_tokens=64)
     c.ace.update(batch_size=32, budget_tokens=256)
     c.gepa.max_metric_calls = 64
+    if arg == "testbed":
+      c.synthetic.build_solver = False
+      c.testbed.update(build_solver=True, oracle_teacher=True, oracle_curator=True)
+      c.data.name = "testbed"
+      c.domains = ("algebra", "number_theory", "combinatorics")
+      c.methods = c.table.methods
+      c.table.benchmarks = ("testbed",)
+      c.benchmarks.testbed = dict(name="testbed")
+      c.sampling.max_tokens = 16  # "7 + 3 -> \\boxed{10}" and EOS
+      # every training problem (28 a cell); teacher prompts show enough failures for two per kind
+      c.learn.update(train_limit=0, failures_per_prompt=8)
   elif arg == "qwen3_4b":
     c.data.update(name="math", source="", test_fraction=0.5)  # set --config.data.source to MATH
     c.roles.solver.update(checkpoint="", tokenizer="", dtype="bfloat16")  # a local Qwen3-4B directory
@@ -203,5 +252,5 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       )
     c.eval.batch_size = 500
   else:
-    raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, qwen3_4b, openai)")
+    raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, qwen3_4b, openai)")
   return c

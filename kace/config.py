@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kace import learn, projection, synthetic, tiers
+from kace import testbed as testbed_lib
 from lm import generators
 
 GeneratorConfig = generators.GeneratorConfig
@@ -189,7 +190,7 @@ class RolesConfig:
     return getattr(self, name) or self.solver
 
 
-DATA_NAMES = ("synthetic", "aime2025", "math", "olymmath")
+DATA_NAMES = ("synthetic", "testbed", "aime2025", "math", "olymmath")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -197,7 +198,7 @@ class DataConfig:
   """Which problems: a benchmark, where it is, which part of it.
 
   Attributes:
-    name: synthetic | aime2025 | math | olymmath.
+    name: synthetic | testbed | aime2025 | math | olymmath.
     source: a local file / directory, or a hub name (aime2025 default: opencompass/AIME2025).
     levels: math levels kept.
     splits: olymmath splits kept.
@@ -223,7 +224,7 @@ class DataConfig:
 
   def __post_init__(self):
     if self.name not in DATA_NAMES:
-      raise ValueError(f"config.data.name must be synthetic, aime2025, math or olymmath, got {self.name!r}")
+      raise ValueError(f"config.data.name must be one of {DATA_NAMES}, got {self.name!r}")
     if not 0 <= self.test_fraction <= 1:  # as data.train_test_split takes it
       raise ValueError(f"config.data.test_fraction must be in [0, 1], got {self.test_fraction}")
     if self.limit < 0:
@@ -282,6 +283,43 @@ class SyntheticConfig:
     return synthetic.TinySolverConfig(**{k: getattr(self, k) for k in fields})
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestbedSection:
+  """The latent-convention testbed (`kace.testbed`, read when `data.name` is "testbed").
+
+  Attributes:
+    build_solver: build (or find cached) the context-using solver (`synthetic.ensure_testbed_solver`,
+      cached under `synthetic.cache_dir`) and make it the solver checkpoint.
+    oracle_teacher, oracle_curator: the teacher / curator roles are `kace.oracle`'s programs
+      ("oracle (programmatic)") instead of `roles.teacher` / `roles.curator`.
+    oracle_noise: the oracle teacher's rate of wrong rules.
+    seed, per_cell, test_per_cell, control: `testbed.TestbedConfig`.
+    seeds: the comparison's seeds (`pipeline.testbed_comparison`): each sets `seed` and the run's seed.
+    solver: `synthetic.TestbedSolverConfig`.
+  """
+
+  build_solver: bool = False
+  oracle_teacher: bool = False
+  oracle_curator: bool = False
+  oracle_noise: float = 0.0
+  seed: int = 0
+  per_cell: int = 40
+  test_per_cell: int = 12
+  control: str = "none"
+  seeds: tuple[int, ...] = (0, 1, 2)
+  solver: synthetic.TestbedSolverConfig = dataclasses.field(default_factory=synthetic.TestbedSolverConfig)
+
+  def __post_init__(self):
+    self.testbed()  # TestbedConfig checks its own fields
+    if not 0 <= self.oracle_noise <= 1:
+      raise ValueError(f"testbed.oracle_noise must be in [0, 1], got {self.oracle_noise}")
+
+  def testbed(self) -> testbed_lib.TestbedConfig:
+    return testbed_lib.TestbedConfig(
+      seed=self.seed, per_cell=self.per_cell, test_per_cell=self.test_per_cell, control=self.control
+    )
+
+
 # ---- the whole config --------------------------------------------------------------------------------
 
 
@@ -313,6 +351,7 @@ class KaceConfig:
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   grader: GraderConfig = dataclasses.field(default_factory=GraderConfig)
   synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
+  testbed: TestbedSection = dataclasses.field(default_factory=TestbedSection)
 
   def __post_init__(self):
     object.__setattr__(self, "benchmarks", {k: dict(v) for k, v in self.benchmarks.items()})
@@ -341,6 +380,11 @@ class KaceConfig:
       raise ValueError(f"benchmark {bench!r} is not in config.benchmarks ({', '.join(self.benchmarks)})")
     data = _build(DataConfig, {**dataclasses.asdict(self.data), **self.benchmarks[bench]}, "config.data")
     return dataclasses.replace(self, data=data, methods=self.table.methods)
+
+  def generated(self) -> synthetic.TinySolverConfig | testbed_lib.TestbedConfig:
+    """What makes the project-generated problems of `data`: the testbed's config when `data.name`
+    is "testbed", else the tiny solver's (the synthetic set). Both have `.problems()` -> (train, test)."""
+    return self.testbed.testbed() if self.data.name == "testbed" else self.synthetic.tiny_solver()
 
   def method_options(self) -> MethodOptions:
     """What the solving methods (`kace.methods`) read."""

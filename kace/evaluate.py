@@ -39,7 +39,14 @@ TIER_RANK = {t: i for i, t in enumerate(solve.STAGE_ORDER)}
 def resolve(config: config_lib.KaceConfig) -> config_lib.KaceConfig:
   """`config` with the CPU-scale solver filled in: when `synthetic.build_solver` is set, the tiny
   solver is built (or found in its cache) and becomes the solver checkpoint, and its demonstration
-  tree the `kace` tree unless one is given."""
+  tree the `kace` tree unless one is given; when `testbed.build_solver` is set, the testbed's
+  context-using solver becomes the solver checkpoint (its trees are learned, none is given)."""
+  if config.testbed.build_solver:
+    path = synthetic.ensure_testbed_solver(
+      os.path.expanduser(config.synthetic.cache_dir), config.testbed.solver
+    )
+    solver = dataclasses.replace(config.roles.solver, checkpoint=path)
+    return dataclasses.replace(config, roles=dataclasses.replace(config.roles, solver=solver))
   if not config.synthetic.build_solver:
     return config
   path = synthetic.ensure_tiny_solver(
@@ -53,9 +60,10 @@ def resolve(config: config_lib.KaceConfig) -> config_lib.KaceConfig:
   )
 
 
-def _load(d: config_lib.DataConfig, tiny_solver: synthetic.TinySolverConfig, half: str) -> list[data.Problem]:
-  """Every problem of benchmark `d.name` from `d.source` (the synthetic set: its `half`)."""
-  if d.name == "synthetic":
+def _load(d: config_lib.DataConfig, tiny_solver, half: str) -> list[data.Problem]:
+  """Every problem of benchmark `d.name` from `d.source` (the synthetic set and the testbed: the
+  `half` of `tiny_solver.problems()`, `KaceConfig.generated()`)."""
+  if d.name in ("synthetic", "testbed"):
     return tiny_solver.problems()[half == "test"]
   if d.name == "aime2025":
     return data.load_aime2025(d.source or "opencompass/AIME2025")
@@ -91,7 +99,7 @@ def load_problems(
     problems = data.verifiable(problems, grader)
   if d.test_fraction:
     problems = data.train_test_split(problems, d.test_fraction, d.split_seed)[half == "test"]
-  elif half == "train" and d.name != "synthetic":
+  elif half == "train" and d.name not in ("synthetic", "testbed"):
     raise ValueError(
       f"training on {d.name} needs config.data.test_fraction > 0 (a train/test split) or "
       "config.data.train_name (learn on other data)"
@@ -152,7 +160,7 @@ def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]
   options = config.method_options()
   built = [methods.build(name, options) for name in config.methods]
   with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
-    problems = load_problems(config.data, config.synthetic.tiny_solver(), grader)
+    problems = load_problems(config.data, config.generated(), grader)
     _log.info("%d problems, methods %s", len(problems), list(config.methods))
     solver = generators.make_generator(config.roles.solver)
     classifier = lambda: (

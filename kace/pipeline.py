@@ -14,7 +14,19 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kace import answers, baselines, cards, data, embed, evaluate, learn, methods
+from kace import (
+  answers,
+  baselines,
+  cards,
+  data,
+  embed,
+  evaluate,
+  learn,
+  methods,
+  oracle,
+  predictions,
+  synthetic,
+)
 from kace import config as config_lib
 from lm import rundir
 
@@ -38,7 +50,7 @@ PAPER = {
 
 def training_problems(config: config_lib.KaceConfig, grader: answers.Grader) -> list[data.Problem]:
   """The training half of `config.data`, a seeded sample of `learn.train_limit` when that is set."""
-  problems = evaluate.load_problems(config.data, config.synthetic.tiny_solver(), grader, half="train")
+  problems = evaluate.load_problems(config.data, config.generated(), grader, half="train")
   if config.learn.train_limit and len(problems) > config.learn.train_limit:
     problems = random.Random(config.seed).sample(problems, config.learn.train_limit)
   return sorted(problems, key=lambda p: p.id)
@@ -52,11 +64,12 @@ def learner(
   universal_budget: int | None = None,
 ) -> learn.Learner:
   """The roles, sampling and ADD / REFINE options every artefact's learning shares."""
-  roles = config.roles
+  roles, bed = config.roles, config.testbed
+  teacher = oracle.OracleTeacher(bed.oracle_noise, config.seed) if bed.oracle_teacher else None
   return learn.Learner(
     solver=methods.role(roles.get("solver")),
-    teacher=methods.role(roles.get("teacher")),
-    curator=methods.role(roles.get("curator")),
+    teacher=teacher or methods.role(roles.get("teacher")),
+    curator=oracle.OracleCurator() if bed.oracle_curator else methods.role(roles.get("curator")),
     grader=grader,
     embedder=embedder,
     schedule=config.schedule.schedule(),
@@ -207,3 +220,57 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
     ]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
+
+
+class GateError(RuntimeError):
+  """The testbed solver fails a gate: no comparison is run on it (fix the testbed first)."""
+
+
+def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
+  """Builds (or finds) the testbed solver and measures its gates (`synthetic.testbed_gates`) on
+  `config.testbed`'s held-out problems; writes `workdir/gates.json` and returns it."""
+  config = evaluate.resolve(config)
+  solver = methods.role(config.roles.solver)
+  gates = synthetic.testbed_gates(solver, config.testbed.testbed(), config.sampling.params())
+  gates = {**gates, "solver": config.roles.solver.checkpoint, "bounds": synthetic.GATES}
+  rundir.write_json(os.path.join(workdir, "gates.json"), gates)
+  return gates
+
+
+def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=None) -> dict:
+  """The testbed comparison: the gates first (GateError if one fails), then `table` once per seed of
+  `config.testbed.seeds` into `workdir/seed<s>/` (the testbed's conventions and the run's seeds
+  both follow it), then the pre-registered predictions judged on every seed's records
+  (`kace.predictions`; the control's own predictions under a control) into `workdir/report.md`."""
+  os.makedirs(workdir, exist_ok=True)
+  gates = testbed_gates(config, workdir)
+  _log.info("testbed gates: %s", gates)
+  if not gates["all_passed"]:
+    raise GateError(f"the testbed solver fails its gates ({gates['passed']}); see {workdir}/gates.json")
+  results, evals = {}, []
+  for seed in config.testbed.seeds:
+    c = dataclasses.replace(config, seed=seed, testbed=dataclasses.replace(config.testbed, seed=seed))
+    run = os.path.join(workdir, f"seed{seed}")
+    results[seed] = table(c, run, embedder)
+    evals += [os.path.join(run, bench, "eval") for bench in c.table.benchmarks]
+    _testbed_report(config, workdir, gates, results, evals)  # after every seed: the seeds so far
+  return {"gates": gates, "results": results}
+
+
+def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, results: dict, evals) -> None:
+  control = config.testbed.control
+  judged = predictions.MAIN if control == "none" else predictions.CONTROLS[control]
+  rates = "\n".join(f"| {k} | {v:.3f} |" for k, v in gates["rates"].items())
+  text = (
+    f"# The latent-convention testbed (control: {control}; teacher and curator: {oracle.LABEL})\n\n"
+    f"Seeds run: {', '.join(map(str, results))} of {', '.join(map(str, config.testbed.seeds))}.\n\n"
+    f"## Gates (level 2: true card >= 0.8, no card <= 0.3, true card + distractors >= 0.7)\n\n"
+    f"| condition / level | solve rate |\n|---|---|\n{rates}\n\n"
+    f"## Pre-registered predictions (docs/kace.md)\n\n{predictions.report(evals, judged)}\n"
+    + "".join(
+      f"## Seed {seed}\n\n{table_markdown(res, config.table.methods).split(chr(10), 2)[2]}\n"
+      for seed, res in results.items()
+    )
+  )
+  rundir.atomic_write_text(os.path.join(workdir, "report.md"), text)
+  rundir.write_json(os.path.join(workdir, "results.json"), {str(s): r for s, r in results.items()})

@@ -1,0 +1,150 @@
+"""Oracle (programmatic) teacher and curator for the latent-convention testbed (kace.testbed).
+
+At CPU scale no model is strong enough to play the teacher or the curator: the tiny solver's
+replies are almost never valid JSON, so learned trees stay empty. These programs stand in for "a
+stronger model" and are labelled "oracle (programmatic)" wherever they appear (records, docs). They
+are honest stand-ins, not cheats:
+
+- `OracleTeacher` reads only the teacher prompt the learner sends (`kace.learn.TEACHER_TEMPLATE`):
+  the shown failures' questions and gold answers. It computes each base answer symbolically from the
+  question, and for each kind among the shown failures fits the member of the declared hypothesis
+  set H that agrees with the most of them, abstaining when fewer than two agree. It is never told
+  which rule belongs to which block. With `noise` > 0 it replaces a fitted rule by a wrong member of
+  H at that rate, so ADD and REFINE have bad cards to reject or remove.
+- `OracleCurator` reads only the curator prompt (`kace.learn.CURATOR_TEMPLATE`): it deletes every card
+  whose measured credit is negative and, of two cards stating a convention for the same kind in the
+  same block, the one with the lower credit.
+
+Both implement `lm.generators.TextGenerator`, so the learner calls them like any model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Sequence
+
+from kace import testbed
+from lm import generators, sampler
+
+LABEL = "oracle (programmatic)"
+
+_PROBLEM_RE = re.compile(r"### Problem \d+[^\n]*\n(?P<question>[^\n]*)\nCorrect answer: (?P<gold>[^\n]*)")
+_ABSTAIN = json.dumps({"cards": [], "by": LABEL, "note": "no kind with two agreeing failures"})
+
+
+def _text(prompt: generators.Prompt) -> str:
+  if isinstance(prompt, str):
+    return prompt
+  return "\n".join(m["content"] for m in prompt)
+
+
+def _generation(text: str) -> generators.Generation:
+  return generators.Generation(
+    text=text, token_ids=None, logprobs=None, finish_reason="stop", prompt_tokens=0, completion_tokens=0
+  )
+
+
+def shown_failures(prompt: str) -> list[tuple[str, int, int]]:
+  """(kind, base answer, gold) of every testbed problem a teacher prompt shows with an integer gold."""
+  out = []
+  for m in _PROBLEM_RE.finditer(prompt):
+    parsed = testbed.parse_question(m.group("question"))
+    gold = m.group("gold").strip()
+    if parsed is not None and re.fullmatch(r"-?\d+", gold):
+      out.append((parsed[0], parsed[1], int(gold)))
+  return out
+
+
+def _existing(prompt: str) -> set[str]:
+  """Card texts the prompt lists as already held by the block."""
+  section = prompt.split("already holds:", 1)[-1].split("\n\nWrite at most", 1)[0]
+  return {line.split("] ", 1)[-1].strip() for line in section.splitlines() if line.startswith("- [")}
+
+
+class OracleTeacher:
+  """The teacher role played by a program that fits H to the shown failures (module docstring).
+
+  Attributes:
+    noise: probability that a fitted rule is replaced by a random wrong member of H.
+    seed: the noise draws (derived per prompt, so a reply depends only on the prompt and the seed).
+    min_agree: fewer agreeing failures than this and the oracle abstains for that kind.
+    calls: prompts answered so far (the learner counts teacher calls itself; this is for tests).
+  """
+
+  label = LABEL
+
+  def __init__(self, noise: float = 0.0, seed: int = 0, min_agree: int = 2):
+    if not 0 <= noise <= 1:
+      raise ValueError(f"oracle noise must be in [0, 1], got {noise}")
+    self.noise, self.seed, self.min_agree, self.calls = noise, seed, min_agree, 0
+
+  def reply(self, prompt: str) -> str:
+    by_kind: dict[str, list[tuple[int, int]]] = {}
+    for kind, base, gold in shown_failures(prompt):
+      by_kind.setdefault(kind, []).append((base, gold))
+    digest = hashlib.sha256(f"{self.seed}\n{prompt}".encode()).hexdigest()
+    rng = random.Random(int(digest[:16], 16))
+    held, out = _existing(prompt), []
+    for kind in sorted(by_kind):
+      rule, agree = testbed.fit(by_kind[kind])
+      if agree < self.min_agree:
+        continue
+      if rng.random() < self.noise:
+        rule = rng.choice([h for h in testbed.H if h != rule])
+      text = testbed.card_text(kind, rule)
+      if text not in held:
+        out.append({"type": testbed.CARD_TYPE, "text": text})
+    return json.dumps({"cards": out, "by": LABEL}) if out else _ABSTAIN
+
+  def generate(self, prompts: Sequence[generators.Prompt], n=1, params=None):
+    counts = sampler.per_prompt(n, len(prompts), "n")
+    self.calls += len(prompts)
+    return [[_generation(self.reply(_text(p)))] * k for p, k in zip(prompts, counts, strict=True)]
+
+
+_LISTING_RE = re.compile(
+  r"^(?P<id>card-\d+) \| (?P<location>[^|]+) \| (?P<type>[^|]+) \| (?P<readers>-?\d+) \| "
+  r"(?P<credit>[+-]?\d+) \| (?P<text>.*)$",
+  re.M,
+)
+
+
+class OracleCurator:
+  """The curator role played by a program over the card listing and credits (module docstring)."""
+
+  label = LABEL
+
+  def __init__(self):
+    self.calls = 0
+
+  def reply(self, prompt: str) -> str:
+    listing = prompt.split("All cards (id | location | type | read by | credit | text):", 1)[-1]
+    rows = [m.groupdict() for m in _LISTING_RE.finditer(listing)]
+    ops, deleted = [], set()
+    for row in rows:
+      if int(row["credit"]) < 0:
+        ops.append({"op": "delete", "id": row["id"], "reason": f"{LABEL}: negative credit"})
+        deleted.add(row["id"])
+    best: dict[tuple[str, str], dict] = {}
+    for row in rows:
+      parsed = testbed.parse_card(row["text"])
+      if row["id"] in deleted or parsed is None:
+        continue
+      key = (row["location"].strip(), parsed[0])
+      other = best.get(key)
+      if other is None:
+        best[key] = row
+        continue
+      worse = min((other, row), key=lambda r: (int(r["credit"]), r["id"]))
+      best[key] = row if worse is other else other
+      ops.append({"op": "delete", "id": worse["id"], "reason": f"{LABEL}: a second rule for {parsed[0]}"})
+      deleted.add(worse["id"])
+    return json.dumps({"operations": ops, "by": LABEL})
+
+  def generate(self, prompts: Sequence[generators.Prompt], n=1, params=None):
+    counts = sampler.per_prompt(n, len(prompts), "n")
+    self.calls += len(prompts)
+    return [[_generation(self.reply(_text(p)))] * k for p, k in zip(prompts, counts, strict=True)]

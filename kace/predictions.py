@@ -1,0 +1,110 @@
+"""The testbed's pre-registered predictions (docs/kace.md, "Pre-registered predictions"), judged from
+the records of runs over several seeds.
+
+Each prediction compares two methods on the same problems: the per-problem paired difference
+(correct under A minus correct under B), pooled over every seed's problems, has a mean and a 95%
+percentile-bootstrap interval (`lm.stats.bootstrap_ci`). "A > B" is held when the interval lies
+above 0 (and the mean reaches `min_gap`), not held when it lies below 0 or the mean misses
+`min_gap` with the interval above 0, else inconclusive; "A ≈ B" is held when the interval lies
+within ±`margin`, not held when it lies wholly outside, else inconclusive. The predictions are
+transcribed from the docs as written before the first comparison run; this module only judges them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+
+from kace import evaluate
+from lm import rundir, stats
+
+MARGIN = 0.10
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prediction:
+  """`a` `relation` `b` (">" or "≈") on the problems of `levels` (None: all), as numbered in the docs."""
+
+  number: str
+  a: str
+  relation: str
+  b: str
+  levels: tuple[int, ...] | None = None
+  min_gap: float = 0.0
+
+  def __str__(self) -> str:
+    where = "" if self.levels is None else f" (level {', '.join(map(str, self.levels))})"
+    gap = f", gap >= {self.min_gap:.2f}" if self.min_gap else ""
+    return f"{self.a} {self.relation} {self.b}{where}{gap}"
+
+
+# Predictions 1-8 of the main run (control "none"); 9-11 are judged on the control runs.
+MAIN = (
+  Prediction(number="1", a="kace", relation=">", b="tiered", min_gap=0.15),
+  Prediction(number="2", a="kace", relation=">", b="best_of_n"),
+  Prediction(number="3", a="kace", relation=">", b="raw_reflections"),
+  Prediction(number="4", a="kace", relation=">", b="llm_router"),
+  Prediction(number="5a", a="kace", relation=">", b="ace_playbook"),
+  Prediction(number="5b", a="kace", relation=">", b="gepa"),
+  Prediction(number="5c", a="kace", relation=">", b="tiered_gepa"),
+  Prediction(number="6a", a="no_domain", relation="≈", b="kace"),
+  Prediction(number="6b", a="no_difficulty", relation="≈", b="kace"),
+  Prediction(number="7", a="embedding_retrieval", relation="≈", b="kace"),
+  Prediction(number="8", a="kace", relation="≈", b="tiered", levels=(1,)),
+)
+CONTROLS = {
+  "identity": (Prediction(number="9", a="kace", relation=">", b="tiered"),),
+  "shared": (Prediction(number="10", a="no_difficulty", relation="≈", b="kace"),),
+  "level1": (Prediction(number="11", a="kace", relation="≈", b="tiered", levels=(1,)),),
+}
+
+
+def outcomes(eval_dirs: Sequence[str]) -> dict[str, dict[tuple[str, str], tuple[int, bool]]]:
+  """{method: {(run, problem id): (level, correct)}} from every run's `records.jsonl`."""
+  out: dict[str, dict] = {}
+  for run in eval_dirs:
+    for r in rundir.read_jsonl(os.path.join(run, evaluate.RECORDS)):
+      out.setdefault(r["method"], {})[(run, r["id"])] = (r["level"], bool(r["correct"]))
+  return out
+
+
+def judge(prediction: Prediction, by_method: Mapping[str, Mapping], bootstrap: int = 2000) -> dict:
+  """The prediction's estimate (mean paired difference a − b), its interval and its verdict."""
+  a, b = by_method.get(prediction.a, {}), by_method.get(prediction.b, {})
+  keys = sorted(k for k in set(a) & set(b) if prediction.levels is None or a[k][0] in prediction.levels)
+  diffs = [float(a[k][1]) - float(b[k][1]) for k in keys]
+  row = {"prediction": prediction.number, "claim": str(prediction), "problems": len(diffs)}
+  if not diffs:
+    return {**row, "mean": None, "ci": None, "verdict": "inconclusive (no paired problems)"}
+  mean = sum(diffs) / len(diffs)
+  low, high = stats.bootstrap_ci(diffs, samples=bootstrap)
+  if prediction.relation == ">":
+    if low > 0:
+      verdict = "held" if mean >= prediction.min_gap else "not held (gap below the predicted size)"
+    else:
+      verdict = "not held" if high < 0 else "inconclusive"
+  else:
+    if -MARGIN <= low and high <= MARGIN:
+      verdict = "held"
+    else:
+      verdict = "not held" if high < -MARGIN or low > MARGIN else "inconclusive"
+  return {**row, "mean": mean, "ci": [low, high], "verdict": verdict}
+
+
+def report(eval_dirs: Sequence[str], predictions: Sequence[Prediction] = MAIN, bootstrap: int = 2000) -> str:
+  """A Markdown table: every prediction judged on the pooled runs."""
+  by_method = outcomes(eval_dirs)
+  lines = [
+    f"Pooled over {len(eval_dirs)} run(s). Mean paired difference (A − B, per problem) with its 95% "
+    f"bootstrap interval; ≈ means within ±{MARGIN:.2f}.",
+    "",
+    "| # | prediction | problems | A − B | 95% CI | verdict |",
+    "|---|---|---|---|---|---|",
+  ]
+  for p in predictions:
+    j = judge(p, by_method, bootstrap)
+    est = "–" if j["mean"] is None else f"{j['mean']:+.3f}"
+    ci = "–" if j["ci"] is None else f"[{j['ci'][0]:+.3f}, {j['ci'][1]:+.3f}]"
+    lines.append(f"| {j['prediction']} | {j['claim']} | {j['problems']} | {est} | {ci} | {j['verdict']} |")
+  return "\n".join(lines) + "\n"

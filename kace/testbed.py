@@ -1,0 +1,247 @@
+"""A latent-convention maths testbed: problems whose gold answer depends on knowledge only a card gives.
+
+The CPU-scale synthetic benchmark (kace.synthetic) has answers that never depend on the prompt's
+notes, so a solver trained on it ignores cards and learned trees cannot change accuracy. Here every
+(domain, level >= 2) block has a hidden *convention* from a declared hypothesis set H ("add k to the
+result", "multiply the result by k", "report the result as is") that turns an easy base answer into
+the gold answer. A convention can be inferred from (problem, gold) pairs: the base answer is a
+one-step computation written in the question, so gold = h(base) singles out the members of H that
+agree. Level 1 has no convention (the identity), so those problems are solved without context.
+
+Every question names its *kind*, one word per (domain, level) ("total: What is 3 + 4?"), and a card
+states the convention of one kind ("total problems: add 3 to the result."). A solver trained to use
+context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches its question
+and ignores the others, so a card in the wrong block is a distractor, not a poison; with no card it
+guesses a convention, so samples disagree and problems climb the tiers.
+
+Evaluated blocks draw their conventions from `TEST_H`. A solver trained on `TRAIN_H` only would have
+to read constants it never saw (held-out constants); the tiny solver cannot, so by default it is
+trained on all of H with each kind's rule drawn at random per example: no kind has a rule it could
+know without a card, but it has seen the evaluated rules' wording (docs/kace.md).
+
+Controls (`TestbedConfig.control`): "identity" (every convention is the identity: cards cannot help,
+so `kace` must equal `tiered`), "shared" (a domain's level-3 kind has its level-2 convention) and
+"level1" (level-1 kinds have a convention too: those problems mostly exit at ES, which reads no card,
+exposing that ES exits are never learned from). See docs/kace.md ("The latent-convention testbed").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Mapping, Sequence
+
+from kace import data
+
+DOMAINS = ("algebra", "number_theory", "combinatorics")
+LEVELS = (1, 2, 3)
+SUBJECT = {"algebra": "Algebra", "number_theory": "Number Theory", "combinatorics": "Counting & Probability"}
+
+# One kind word per (domain, level), written at the start of every question.
+KINDS: dict[tuple[str, int], str] = {
+  ("algebra", 1): "sum",
+  ("algebra", 2): "total",
+  ("algebra", 3): "tally",
+  ("number_theory", 1): "mod",
+  ("number_theory", 2): "rest",
+  ("number_theory", 3): "residue",
+  ("combinatorics", 1): "product",
+  ("combinatorics", 2): "count",
+  ("combinatorics", 3): "ways",
+}
+KIND_OF_WORD = {word: cell for cell, word in KINDS.items()}
+
+CONTROLS = ("none", "identity", "shared", "level1")
+CARD_TYPE = "convention"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Convention:
+  """A member of H: `op` "id" (the identity), "add" (x + k) or "mul" (x * k)."""
+
+  op: str
+  k: int = 0
+
+  def __post_init__(self):
+    if self.op not in ("id", "add", "mul"):
+      raise ValueError(f"convention op must be id, add or mul, got {self.op!r}")
+
+  def apply(self, x: int) -> int:
+    return x if self.op == "id" else x + self.k if self.op == "add" else x * self.k
+
+  def working(self, x: int) -> str:
+    """The solver's completion for base answer `x`: the convention written out, then the boxed
+    answer, so the last step is a one-operator computation on numbers already in the text."""
+    step = f"{x}" if self.op == "id" else f"{x} {'+' if self.op == 'add' else '*'} {self.k}"
+    return f"{step} -> \\boxed{{{self.apply(x)}}}"
+
+  def describe(self) -> str:
+    if self.op == "id":
+      return "report the result as is"
+    return f"add {self.k} to the result" if self.op == "add" else f"multiply the result by {self.k}"
+
+
+IDENTITY = Convention("id")
+# The declared hypothesis set H, and its split into training and evaluated conventions. Constants
+# are held out per operation: the evaluated "add 3 / 6 / 9" are not in TRAIN_H, while 3, 6 and 9
+# occur there as multipliers. A 2-layer solver trained on TRAIN_H alone does not read an unseen
+# constant from a card (it answers with the nearest seen one; measured in docs/kace.md), so the
+# default solver trains on all of H (kace.synthetic.TestbedSolverConfig.hold_out).
+TRAIN_H = (
+  IDENTITY,
+  *(Convention("add", k) for k in (1, 2, 4, 5, 7, 8)),
+  *(Convention("mul", k) for k in (2, 3, 4, 6, 9)),
+)
+TEST_H = tuple(Convention("add", k) for k in (3, 6, 9))
+H = tuple(sorted(set(TRAIN_H) | set(TEST_H)))
+
+
+def card_text(kind: str, convention: Convention) -> str:
+  """The card stating `convention` for problems of `kind` (what the oracle writes and the solver reads)."""
+  return f"{kind} problems: {convention.describe()}."
+
+
+_CARD_RE = re.compile(
+  r"(\w+) problems: (report the result as is|add (\d+) to the result|multiply the result by (\d+))"
+)
+
+
+def parse_card(text: str) -> tuple[str, Convention] | None:
+  """(kind, convention) of a card in `card_text`'s form, else None."""
+  m = _CARD_RE.search(text)
+  if not m:
+    return None
+  if m.group(3):
+    return m.group(1), Convention("add", int(m.group(3)))
+  if m.group(4):
+    return m.group(1), Convention("mul", int(m.group(4)))
+  return m.group(1), IDENTITY
+
+
+# ---- base problems ----------------------------------------------------------------------------------
+
+# Base computations a tiny model learns almost always (kace.synthetic's level-2 families): one-digit
+# sums, small remainders, small products. The operator written in the question says which.
+OPS = {"+": lambda a, b: a + b, "mod": lambda a, b: a % b, "*": lambda a, b: a * b}
+OP_OF_DOMAIN = {"algebra": "+", "number_theory": "mod", "combinatorics": "*"}
+OPERANDS = {
+  "algebra": ((0, 9), (0, 9)),
+  "number_theory": ((1, 20), (2, 5)),
+  "combinatorics": ((2, 9), (2, 5)),
+}
+
+_QUESTION_RE = re.compile(r"(\w+): What is (\d+) (\+|mod|\*) (\d+)\?")
+
+
+def question(kind: str, a: int, op: str, b: int) -> str:
+  return f"{kind}: What is {a} {op} {b}?"
+
+
+def parse_question(text: str) -> tuple[str, int] | None:
+  """(kind, base answer) of a testbed question found in `text`, computed symbolically; else None."""
+  m = _QUESTION_RE.search(text)
+  if not m:
+    return None
+  a, op, b = int(m.group(2)), m.group(3), int(m.group(4))
+  return m.group(1), OPS[op](a, b)
+
+
+def draw_base(domain: str, rng: random.Random) -> tuple[int, str, int]:
+  (lo_a, hi_a), (lo_b, hi_b) = OPERANDS[domain]
+  return rng.randint(lo_a, hi_a), OP_OF_DOMAIN[domain], rng.randint(lo_b, hi_b)
+
+
+# ---- the testbed -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestbedConfig:
+  """Which testbed: its conventions (by seed and control) and its problems.
+
+  Attributes:
+    seed: the blocks' conventions and the problems.
+    per_cell: distinct problems drawn per (domain, level) before the split.
+    test_per_cell: of those, evaluated per (domain, level); the rest are training problems.
+    control: "none" (a domain's level-2 and level-3 conventions differ), "identity", "shared" or "level1"
+      (the module docstring).
+  """
+
+  seed: int = 0
+  per_cell: int = 40
+  test_per_cell: int = 12
+  control: str = "none"
+
+  def __post_init__(self):
+    if self.control not in CONTROLS:
+      raise ValueError(f"testbed.control must be one of {CONTROLS}, got {self.control!r}")
+    if not 0 < self.test_per_cell < self.per_cell:
+      raise ValueError(f"testbed needs 0 < test_per_cell < per_cell, got {self}")
+
+  def conventions(self) -> dict[tuple[str, int], Convention]:
+    """The hidden convention of every (domain, level), from `TEST_H` (held-out constants)."""
+    return conventions(self.seed, self.control)
+
+  def problems(self) -> tuple[list[data.Problem], list[data.Problem]]:
+    """(train, test); no test question occurs in train."""
+    return generate(self)
+
+
+def conventions(seed: int, control: str = "none") -> dict[tuple[str, int], Convention]:
+  """Each (domain, level)'s convention: identity at level 1 (except control "level1"), and within a
+  domain different conventions at levels 2 and 3 (the same under control "shared")."""
+  rng = random.Random(f"testbed-conventions-{seed}")
+  out = {}
+  for domain in DOMAINS:
+    first, second = rng.sample(TEST_H, 2)
+    third = rng.choice([h for h in TEST_H if h not in (first, second)])
+    out[(domain, 1)] = third if control == "level1" else IDENTITY
+    out[(domain, 2)] = first
+    out[(domain, 3)] = first if control == "shared" else second
+  if control == "identity":
+    return {cell: IDENTITY for cell in out}
+  return out
+
+
+def generate(config: TestbedConfig) -> tuple[list[data.Problem], list[data.Problem]]:
+  """(train, test) problems of every (domain, level), deterministic by `config.seed`."""
+  rng = random.Random(f"testbed-problems-{config.seed}")
+  rules = config.conventions()
+  train, test = [], []
+  for (domain, level), kind in KINDS.items():
+    seen: dict[str, int] = {}
+    for _ in range(50 * config.per_cell):
+      if len(seen) == config.per_cell:
+        break
+      a, op, b = draw_base(domain, rng)
+      seen.setdefault(question(kind, a, op, b), rules[(domain, level)].apply(OPS[op](a, b)))
+    items = sorted(seen.items())
+    rng.shuffle(items)
+    for n, (q, answer) in enumerate(items):
+      problem = data.Problem(
+        id=f"testbed/{domain}/L{level}/{n}",
+        question=q,
+        answer=str(answer),
+        source="testbed",
+        subject=SUBJECT[domain],
+        domain=domain,
+        level=level,
+      )
+      (test if n < config.test_per_cell else train).append(problem)
+  return sorted(train, key=lambda p: p.id), sorted(test, key=lambda p: p.id)
+
+
+def true_cards(rules: Mapping[tuple[str, int], Convention], levels: Sequence[int] = (2, 3)) -> dict:
+  """{(domain, level): card text} of the blocks' conventions (the gates' and the controls' cards)."""
+  return {cell: card_text(KINDS[cell], rule) for cell, rule in sorted(rules.items()) if cell[1] in levels}
+
+
+def fit(pairs: Sequence[tuple[int, int]], hypotheses: Sequence[Convention] = H) -> tuple[Convention, int]:
+  """The member of `hypotheses` that agrees with the most (base, gold) pairs, and how many it agrees
+  with; ties go to the earliest member (H is sorted, so the choice is deterministic)."""
+  best, best_n = hypotheses[0], -1
+  for h in hypotheses:
+    n = sum(h.apply(base) == gold for base, gold in pairs)
+    if n > best_n:
+      best, best_n = h, n
+  return best, best_n

@@ -1,0 +1,69 @@
+"""The testbed solver's training data and gates, without training a model: training cards use only
+training conventions (with `hold_out`, the evaluated constants are held out), the true card is of
+the problem's kind, level-1 targets are the base answer, and the gates pass a solver that uses
+cards and fail one that ignores them (scripted solvers)."""
+
+import collections
+
+import pytest
+
+from kace import synthetic, testbed
+from lm import generators
+from tests.kace import testbed_helpers
+
+PARAMS = generators.GenerationParams(max_tokens=16, temperature=0.7, seed=3)
+
+
+@pytest.mark.parametrize("hold_out", [True, False])
+def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(hold_out):
+  examples = synthetic.testbed_examples(synthetic.TestbedSolverConfig(examples=3000, hold_out=hold_out))
+  allowed = testbed.TRAIN_H if hold_out else testbed.H
+  seen, with_card = set(), collections.Counter()
+  for chat, completion in examples:
+    text = chat[0]["content"]
+    notes, question = text.rsplit("Problem: ", 1)
+    kind, base = testbed.parse_question(question)
+    held = [testbed.parse_card(line) for line in notes.splitlines() if line.startswith("- [convention]")]
+    assert all(rule in allowed for _, rule in held)
+    seen |= {rule for _, rule in held}
+    assert len({k for k, _ in held}) == len(held)  # one card per kind
+    answer = int(completion.rsplit("{", 1)[1].rstrip("}"))
+    level = testbed.KIND_OF_WORD[kind][1]
+    rule = dict(held).get(kind)
+    if level == 1:
+      assert answer == base
+    elif rule is not None:
+      assert answer == rule.apply(base) and completion == rule.working(base)
+    with_card[level, rule is not None] += 1
+  share = with_card[2, True] / (with_card[2, True] + with_card[2, False])
+  assert 0.6 < share < 0.8  # card_fraction 0.7
+  assert seen == set(allowed)
+
+
+def test_solver_config_key_changes_with_every_field():
+  base = synthetic.TestbedSolverConfig()
+  assert base.key() == synthetic.TestbedSolverConfig().key()
+  assert base.key() != synthetic.TestbedSolverConfig(steps=base.steps + 1).key()
+  assert base.key() != synthetic.TinySolverConfig().key()
+
+
+class CardBlind:
+  """Answers the base (the identity) whatever the notes say."""
+
+  def generate(self, prompts, n=1, params=None):
+    out = []
+    for prompt in prompts:
+      _, base = testbed.parse_question(prompt[0]["content"].rsplit("Problem: ", 1)[1])
+      out.append([generators.Generation(f"\\boxed{{{base}}}", None, None, "stop", 10, 4)] * n)
+    return out
+
+
+def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them():
+  config = testbed.TestbedConfig(seed=1)
+  good = synthetic.testbed_gates(testbed_helpers.ConventionSolver(), config, PARAMS, samples=4)
+  assert good["all_passed"], good
+  assert good["rates"]["true_card/L2"] == 1.0 and good["rates"]["true_card_and_distractors/L3"] == 1.0
+  assert good["rates"]["no_card/L1"] == 1.0
+  blind = synthetic.testbed_gates(CardBlind(), config, PARAMS, samples=2)
+  assert blind["passed"] == {"true_card": False, "no_card": True, "true_card_and_distractors": False}
+  assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
