@@ -3,6 +3,10 @@ every registered method learned and evaluated on testbed problems into one table
 (programmatic) teacher and curator answering every teacher and curator prompt, labelled as such."""
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +17,7 @@ from lm import rundir
 from tests.kace import learn_helpers
 
 ALL = tuple(sorted(methods.METHODS))
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 @pytest.mark.slow
@@ -59,18 +64,28 @@ def test_testbed_comparison_runs_every_method_with_the_oracle_roles(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_comparison_refuses_a_solver_that_fails_its_gates(tmp_path):
-  c = configs.kace.get_config("testbed")
-  c.synthetic.cache_dir = str(tmp_path / "cache")
-  c.testbed.update(per_cell=4, test_per_cell=2)
-  c.testbed.solver.update(examples=16, steps=1, batch_size=4, hidden_size=32, intermediate_size=64)
-  c.roles.solver.sampler = dict(min_prompt_bucket=256, min_rows=8, step_bucket=8, max_rows=512)
-  with pytest.raises(pipeline.GateError, match="gates"):
-    pipeline.testbed_comparison(kace_config.KaceConfig.from_dict(c), str(tmp_path / "run"))
-  gates = rundir.read_json(tmp_path / "run" / "gates.json")
+@pytest.mark.integration
+def test_the_launcher_refuses_a_solver_that_fails_its_gates(tmp_path):
+  """`python -m launch.kace_testbed --workdir=...` (the README's command) at smoke size: a 1-step
+  solver fails its gates, so the run stops with GateError before any comparison."""
+  run = tmp_path / "run"
+  command = [
+    sys.executable, "-m", "launch.kace_testbed", f"--workdir={run}", "--verbosity=-1",
+    f"--config.synthetic.cache_dir={tmp_path / 'cache'}",
+    "--config.testbed.per_cell=4", "--config.testbed.test_per_cell=2",
+    "--config.testbed.solver.examples=16", "--config.testbed.solver.steps=1",
+    "--config.testbed.solver.batch_size=4", "--config.testbed.solver.hidden_size=32",
+    "--config.testbed.solver.intermediate_size=64",
+    "--config.roles.solver.sampler.min_prompt_bucket=256",
+    "--config.roles.solver.sampler.step_bucket=8", "--config.roles.solver.sampler.max_rows=512",
+  ]  # fmt: skip
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert done.returncode != 0 and "GateError" in done.stderr, done.stderr[-3000:]
+  gates = rundir.read_json(run / "gates.json")
   assert not gates["all_passed"] and set(gates["passed"]) == {
     "true_card",
     "no_card",
     "true_card_and_distractors",
   }
-  assert not (tmp_path / "run" / "seed0").exists()  # no comparison ran
+  assert not (run / "seed0").exists()  # no comparison ran
