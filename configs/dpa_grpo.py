@@ -229,6 +229,7 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     decision_rewards="shaped",
     case_weights=True,
     revision_weight=1.0,
+    revision_filter=True,  # only parsed revisions, and only a group with contrast, is trained
     skip_verifier_on_invalid_draft=True,
     proposal_weight=0.0,
     invalid_penalty=0.0,

@@ -108,6 +108,8 @@ class LossConfig:
     case_weights: inverse-frequency weights of the 8 cases on the generator's decision pairs.
     revision_weight: weight of the revise turn's own group (the K revisions on the revise prompt,
       reward S_z); 0: the revise prompt gets no loss.
+    revision_filter: unparsable revisions leave the revise group; a group with fewer than two
+      left, or whose rewards all agree, is skipped (`packing.revision_items`).
     skip_verifier_on_invalid_draft: no verifier pair on units whose draft x is unparsable.
   """
 
@@ -124,6 +126,7 @@ class LossConfig:
   outcome_bonus: float = 0.5
   case_weights: bool = False
   revision_weight: float = 0.0
+  revision_filter: bool = False
   skip_verifier_on_invalid_draft: bool = False
 
   def __post_init__(self):

@@ -81,20 +81,33 @@ def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -
   """The revise turn's GRPO group per SAC'd unit: the K revisions on the revise prompt, reward S_z
   of each, advantages (r − μ)/(σ + 1e-8) over the K, the per-revision loss −A·ℓ + β(ℓ − ℓ_ref)
   averaged over the K and over the step's groups, times `loss.revision_weight` (the reference
-  code's `updates.py`). Revisions are paired two to an item (a missing partner is an empty row)."""
-  groups = [u.revision for u in units if u.revision is not None and u.revision.samples]
+  code's `updates.py`). With `loss.revision_filter` (the reference's
+  `skip_filer_revise_update_on_invalid_revise`), unparsable revisions leave the group, and a group
+  with fewer than two left or no reward contrast is skipped, its KL term included. Revisions are
+  paired two to an item (a missing partner is an empty row)."""
+  groups = []
+  for u in units:
+    r = u.revision
+    if r is None or not r.samples:
+      continue
+    members = list(zip(r.samples, r.rights, strict=True))
+    if loss.revision_filter:
+      members = [m for m, a in zip(members, r.amounts, strict=True) if a is not None]
+      if len(members) < 2 or len({right for _, right in members}) < 2:
+        continue
+    groups.append((r.prompt_ids, members))
   items = []
-  for r in groups:
-    rewards = np.array(r.rights, np.float64)
+  for prompt_ids, members in groups:
+    rewards = np.array([right for _, right in members], np.float64)
     advantages = (rewards - rewards.mean()) / (rewards.std() + _REFERENCE_EPS)
-    scale = loss.revision_weight / (len(r.samples) * len(groups))
-    rows = [(s.tokens, -a * scale) for s, a in zip(r.samples, advantages, strict=True)]
+    scale = loss.revision_weight / (len(members) * len(groups))
+    rows = [(s.tokens, -a * scale) for (s, _), a in zip(members, advantages, strict=True)]
     for k in range(0, len(rows), 2):
       (t0, c0), (t1, c1) = rows[k], rows[k + 1] if k + 1 < len(rows) else ((), 0.0)
       kl1 = loss.beta * scale if k + 1 < len(rows) else 0.0
       items.append(
         Item(
-          prompt=r.prompt_ids,
+          prompt=prompt_ids,
           completions=(t0, t1),
           coef=(float(c0), float(c1)),
           kl_coef=(loss.beta * scale, kl1),

@@ -38,6 +38,7 @@ def test_cpu_presets_resolve_to_todays_training(preset):
   c = _typed(preset)
   assert c.loss.decision_rewards == "outcome" and not c.loss.case_weights
   assert c.loss.revision_weight == 0.0 and not c.loss.skip_verifier_on_invalid_draft
+  assert not c.loss.revision_filter
   assert c.loss.proposal_weight == 1.0 and c.loss.invalid_penalty == 0.1
   assert not c.rollout.missing_as_zero and c.rollout.context == "submitted"
   assert (
@@ -58,6 +59,7 @@ def test_paper_presets_train_as_the_reference_code(preset):
   c = _typed(preset)
   assert c.loss.decision_rewards == "shaped" and c.loss.case_weights
   assert c.loss.revision_weight == 1.0 and c.loss.skip_verifier_on_invalid_draft
+  assert c.loss.revision_filter
   assert c.loss.proposal_weight == 0.0 and c.loss.invalid_penalty == 0.0
   assert c.loss.kl == "k1" and c.loss.weighting == "pair" and c.loss.beta == 0.04
   assert c.rollout.missing_as_zero and c.rollout.context == "draft" and c.rollout.keep_rule == "first"
@@ -245,6 +247,24 @@ def test_revision_items_carry_the_groups_advantages():
   np.testing.assert_allclose([items[0].kl_coef, items[1].kl_coef], [[0.04 / 3] * 2, [0.04 / 3, 0.0]])
   tied = _revise_unit((True, True), [[20], [21]])
   assert packing.revision_items([tied], loss)[0].coef == (0.0, 0.0)  # a tie: only the k1 term
+
+
+def test_revision_filter_drops_unparsable_revisions_and_skips_groups_without_contrast():
+  """The reference trains the revise group on its parsed revisions only, and not at all when fewer
+  than two parse or their rewards agree (no KL term either)."""
+  loss = config_lib.LossConfig(revision_weight=1.0, beta=0.04, revision_filter=True)
+  unit = _revise_unit((False, True, False), [[20, 21], [22, 23], [24]])
+  unit = dataclasses.replace(unit, revision=dataclasses.replace(unit.revision, amounts=(5.0, 5.0, None)))
+  (item,) = packing.revision_items([unit], loss)  # the third (unparsable) revision left the group
+  assert item.completions == ((20, 21), (22, 23))
+  np.testing.assert_allclose(item.coef, [0.5, -0.5], rtol=1e-6)  # −A/K with A = ∓1, K = 2
+  np.testing.assert_allclose(item.kl_coef, [0.02, 0.02])
+  tied = _revise_unit((True, True, False), [[20], [21], [22]])
+  tied = dataclasses.replace(tied, revision=dataclasses.replace(tied.revision, amounts=(5.0, 5.0, None)))
+  assert packing.revision_items([tied], loss) == []  # the two parsed ones agree: skipped
+  lone = dataclasses.replace(unit, revision=dataclasses.replace(unit.revision, amounts=(5.0, None, None)))
+  assert packing.revision_items([lone], loss) == []  # one parsed revision: no group
+  assert len(packing.revision_items([lone], dataclasses.replace(loss, revision_filter=False))) == 2
 
 
 def test_the_revise_group_moves_log_prob_of_the_right_revision_up():
