@@ -226,8 +226,13 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     group_carry="best",
   )
   c.loss.update(
-    decision_rewards="shaped",
+    decision_rewards="shaped",  # cave 0.2, miss 0.3, outcome bonus 0.5, format penalty 0.25
+    balance_strength=1.5,  # REVISE bonus 1.5 · max(0.3 − the update's REVISE share, 0)
+    balance_target=0.3,
     case_weights=True,
+    case_weight_by="case_id",  # the reference's ids 2, 3, 5, 6 (5a/5b, 6a/6b merged), power 1
+    case_weight_power=1.0,
+    skip_decision_on_invalid_revision=True,
     revision_weight=1.0,
     revision_filter=True,  # only parsed revisions, and only a group with contrast, is trained
     skip_verifier_on_invalid_draft=True,

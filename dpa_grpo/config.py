@@ -26,6 +26,7 @@ SCHEDULES = ("constant", "cosine")
 KL_ESTIMATORS = ("k1", "k3", "exact")
 WEIGHTINGS = ("pair", "policy")
 DECISION_REWARDS = ("outcome", "shaped")
+CASE_CLASSES = ("case", "case_id")
 UPDATE_SCHEDULES = ("step", "case")
 BASELINE_MODES = ("library", "reference")
 
@@ -103,9 +104,15 @@ class LossConfig:
   presets (docs/dpa_grpo.md, fidelity table):
     decision_rewards: KEEP/REVISE rewards — "outcome" ([S_x, S_z]: ties when x and z are both
       right or both wrong) or "shaped" (x right → KEEP; x and z wrong → KEEP; z unparsable →
-      KEEP; x wrong and z right → REVISE; cave / miss penalties and the outcome bonus set the
-      magnitudes, see `packing.decision_rewards`).
-    case_weights: inverse-frequency weights of the 8 cases on the generator's decision pairs.
+      KEEP; x wrong and z right → REVISE; `packing.decision_rewards` has the formula).
+    cave_penalty, miss_penalty, outcome_bonus, revise_format_penalty: the shaped rewards'
+      magnitudes (the reference's `scripts/train_tax.sh` and `train_grpo.py` values).
+    balance_strength, balance_target: the shaped rule's REVISE bonus, strength · max(target −
+      the update's REVISE share, 0) (`packing.balance_bonus`); strength 0: none.
+    case_weights: inverse-frequency weights on the generator's decision pairs, over `case_weight_by`
+      ("case": the 8 cases; "case_id": the reference's ids, 5a/5b and 6a/6b merged) to the power
+      `case_weight_power` (`packing.case_weights`).
+    skip_decision_on_invalid_revision: no decision pair on a unit whose kept revision is unparsable.
     revision_weight: weight of the revise turn's own group (the K revisions on the revise prompt,
       reward S_z); 0: the revise prompt gets no loss.
     revision_filter: unparsable revisions leave the revise group; a group with fewer than two
@@ -124,7 +131,13 @@ class LossConfig:
   cave_penalty: float = 0.2
   miss_penalty: float = 0.3
   outcome_bonus: float = 0.5
+  revise_format_penalty: float = 0.25
+  balance_strength: float = 1.5
+  balance_target: float = 0.3
   case_weights: bool = False
+  case_weight_by: str = "case"
+  case_weight_power: float = 1.0
+  skip_decision_on_invalid_revision: bool = False
   revision_weight: float = 0.0
   revision_filter: bool = False
   skip_verifier_on_invalid_draft: bool = False
@@ -141,6 +154,13 @@ class LossConfig:
     if self.decision_rewards not in DECISION_REWARDS:
       raise ValueError(
         f"loss.decision_rewards must be one of {DECISION_REWARDS}, got {self.decision_rewards!r}"
+      )
+    if self.case_weight_by not in CASE_CLASSES:
+      raise ValueError(f"loss.case_weight_by must be one of {CASE_CLASSES}, got {self.case_weight_by!r}")
+    if self.balance_strength < 0 or not 0.0 <= self.balance_target <= 1.0:
+      raise ValueError(
+        f"loss.balance_strength must be >= 0 and loss.balance_target in [0, 1], got "
+        f"{self.balance_strength}, {self.balance_target}"
       )
     if self.revision_weight < 0:
       raise ValueError(f"loss.revision_weight must be >= 0, got {self.revision_weight}")

@@ -38,7 +38,8 @@ def test_cpu_presets_resolve_to_todays_training(preset):
   c = _typed(preset)
   assert c.loss.decision_rewards == "outcome" and not c.loss.case_weights
   assert c.loss.revision_weight == 0.0 and not c.loss.skip_verifier_on_invalid_draft
-  assert not c.loss.revision_filter
+  assert not c.loss.revision_filter and not c.loss.skip_decision_on_invalid_revision
+  assert c.loss.case_weight_by == "case"
   assert c.loss.proposal_weight == 1.0 and c.loss.invalid_penalty == 0.1
   assert not c.rollout.missing_as_zero and c.rollout.context == "submitted"
   assert (
@@ -59,7 +60,10 @@ def test_paper_presets_train_as_the_reference_code(preset):
   c = _typed(preset)
   assert c.loss.decision_rewards == "shaped" and c.loss.case_weights
   assert c.loss.revision_weight == 1.0 and c.loss.skip_verifier_on_invalid_draft
-  assert c.loss.revision_filter
+  assert c.loss.revision_filter and c.loss.skip_decision_on_invalid_revision
+  assert (c.loss.cave_penalty, c.loss.miss_penalty, c.loss.outcome_bonus) == (0.2, 0.3, 0.5)
+  assert (c.loss.revise_format_penalty, c.loss.balance_strength, c.loss.balance_target) == (0.25, 1.5, 0.3)
+  assert c.loss.case_weight_by == "case_id" and c.loss.case_weight_power == 1.0
   assert c.loss.proposal_weight == 0.0 and c.loss.invalid_penalty == 0.0
   assert c.loss.kl == "k1" and c.loss.weighting == "pair" and c.loss.beta == 0.04
   assert c.rollout.missing_as_zero and c.rollout.context == "draft" and c.rollout.keep_rule == "first"
@@ -190,6 +194,95 @@ def test_shaped_rule_keeps_on_an_unparsable_revision():
   unit = _unit(False, True, R, z_right=False, z_parsed=False)
   rewards = packing.decision_rewards(unit, config_lib.LossConfig(decision_rewards="shaped"))
   assert _preferred(rewards) == K
+
+
+# The reference's shaped [KEEP, REVISE] rewards (`dpa_grpo/dual_rollout.py`, `updates.py`) at the
+# paper presets' values: outcome bonus b = 0.5, cave 0.2, miss 0.3, format penalty 0.25, balance
+# strength 1.5 and target 0.3. Each unit is alone in its update, so the REVISE share is 1 if it
+# played REVISE (bonus 1.5·max(0.3 − 1, 0) = 0) and 0 if KEEP (bonus 1.5·0.3 = 0.45 on REVISE).
+#   case (x, action, z)        KEEP              REVISE
+#   2  (right, R, right)       1 + b·1 = 1.5     b·S_z = 0.5
+#   2  (right, R, wrong)       1.5               −cave = −0.2
+#   3  (right, K, right)       1.5               0.5 + 0.45 = 0.95
+#   3  (right, K, wrong)       1.5               −0.2 + 0.45 = 0.25
+#   5a (wrong, R, right)       −miss = −0.3      1 + b·1 = 1.5
+#   5b (wrong, R, wrong)       1                 b·0 = 0
+#   6a (wrong, K, wrong)       1                 0 + 0.45 = 0.45
+#   6b (wrong, K, right)       −0.3              1.5 + 0.45 = 1.95
+#   6a with z unparsable       1                 −0.25 + 0.45 = 0.2 (skipped in the presets)
+SHAPED_REWARDS = [
+  ("2", (True, True, R, True, True), (1.5, 0.5)),
+  ("2", (True, True, R, False, True), (1.5, -0.2)),
+  ("3", (True, True, K, True, True), (1.5, 0.95)),
+  ("3", (True, True, K, False, True), (1.5, 0.25)),
+  ("5a", (False, True, R, True, True), (-0.3, 1.5)),
+  ("5b", (False, True, R, False, True), (1.0, 0.0)),
+  ("6a", (False, True, K, False, True), (1.0, 0.45)),
+  ("6b", (False, True, K, True, True), (-0.3, 1.95)),
+  ("6a", (False, True, K, False, False), (1.0, 0.2)),
+]
+
+
+@pytest.mark.parametrize("case, spec, expected", SHAPED_REWARDS)
+def test_shaped_rewards_are_the_references_numbers(case, spec, expected):
+  loss = _typed("qwen3_4b").loss
+  unit = _unit(*spec)
+  assert unit.case == case
+  bonus = packing.balance_bonus([unit], loss)
+  assert bonus == pytest.approx(0.45 if unit.generator_action == K else 0.0)
+  np.testing.assert_allclose(packing.decision_rewards(unit, loss, bonus), expected, atol=1e-12)
+  generator = packing.dpa_items([unit], _Tokenizer(), loss)["generator"]
+  decisions = [i for i in generator if i.component == 0]
+  if unit.revision.z_amount is None:  # the reference skips the decision on an unparsable revision
+    assert decisions == []
+    loss = dataclasses.replace(loss, skip_decision_on_invalid_revision=False)
+    decisions = [i for i in packing.dpa_items([unit], _Tokenizer(), loss)["generator"] if i.component == 0]
+  (decision,) = decisions
+  np.testing.assert_allclose(decision.rewards, expected, atol=1e-12)
+
+
+def test_balance_bonus_follows_the_updates_revise_share():
+  """Three KEEPs and one REVISE: share 0.25, bonus 1.5·(0.3 − 0.25) = 0.075 on every unit's REVISE;
+  two of four REVISE (share 0.5 ≥ 0.3): no bonus; the outcome rule never gets one."""
+  loss = _typed("qwen3_4b").loss
+  units = [_unit(*EIGHT["3"])] * 3 + [_unit(*EIGHT["5a"])]
+  assert packing.balance_bonus(units, loss) == pytest.approx(0.075)
+  items = [i for i in packing.dpa_items(units, _Tokenizer(), loss)["generator"] if i.component == 0]
+  np.testing.assert_allclose([i.rewards for i in items], [(1.5, 0.575)] * 3 + [(-0.3, 1.575)])
+  half = [_unit(*EIGHT["3"]), _unit(*EIGHT["6a"]), _unit(*EIGHT["5a"]), _unit(*EIGHT["5b"])]
+  assert packing.balance_bonus(half, loss) == 0.0
+  unchallenged = [_unit(*EIGHT["1"]), _unit(*EIGHT["4"])]
+  assert packing.balance_bonus(unchallenged, loss) == 0.0
+  assert packing.balance_bonus(units, dataclasses.replace(loss, decision_rewards="outcome")) == 0.0
+
+
+def test_reference_case_weights_merge_the_a_b_cases():
+  """The reference counts its integer case ids over an update's SAC'd units: 5a and 5b are one
+  class, 6a and 6b another. Cases 5a, 5b, 6a, 3: ids 5, 5, 6, 3, mean count 4/3, weights
+  (4/3)/2 = 2/3 for the 5s and (4/3)/1 = 4/3 for the others; over the 8 cases all four are 1."""
+  units = [_unit(*EIGHT[c]) for c in ("5a", "5b", "6a", "3")]
+  loss = _typed("qwen3_4b").loss
+  weights = [i.weight for i in packing.dpa_items(units, _Tokenizer(), loss)["generator"] if i.component == 0]
+  np.testing.assert_allclose(weights, [2 / 3, 2 / 3, 4 / 3, 4 / 3])
+  by_case = dataclasses.replace(loss, case_weight_by="case")
+  items = packing.dpa_items(units, _Tokenizer(), by_case)["generator"]
+  weights = [i.weight for i in items if i.component == 0]
+  np.testing.assert_allclose(weights, [1.0] * 4)
+  # The power: cases 3, 3, 3, 5a at α = 0.5 → (2/3)^0.5 three times and 2^0.5.
+  np.testing.assert_allclose(packing.case_weights(["3", "3", "3", "5"], 0.5), [(2 / 3) ** 0.5] * 3 + [2**0.5])
+
+
+def test_unparsable_revisions_count_in_the_case_weights_and_share_even_when_skipped():
+  """A unit whose kept revision is unparsable trains no decision pair in the presets, but still
+  counts among the update's SAC'd units (the reference's `considered` transitions)."""
+  loss = _typed("qwen3_4b").loss
+  skipped = _unit(False, True, K, z_right=False, z_parsed=False)  # 6a, KEEP
+  units = [skipped, _unit(*EIGHT["6a"]), _unit(*EIGHT["5a"])]  # REVISE share 1/3 ≥ 0.3: no bonus
+  items = [i for i in packing.dpa_items(units, _Tokenizer(), loss)["generator"] if i.component == 0]
+  assert len(items) == 2
+  # ids 6, 6, 5: mean count 3/2 → 6a weight 3/4, 5a weight 3/2.
+  np.testing.assert_allclose([i.weight for i in items], [0.75, 1.5])
+  np.testing.assert_allclose([i.rewards for i in items], [(1.0, 0.0), (-0.3, 1.5)])
 
 
 def test_case_weights_are_inverse_frequency_with_mean_one():
