@@ -216,9 +216,9 @@ class BaselineConfig:
 class LoRAConfig:
   """Adapters (one per role) on a frozen backbone; `enabled=False` fine-tunes the backbone.
 
-  `dropout` (the reference's 0.05 on the adapter input) is not implemented: `lm.lora` applies the
-  adapters deterministically inside jitted, donated steps with no dropout key; a nonzero value is
-  refused rather than silently ignored (docs/dpa_grpo.md, fidelity table)."""
+  `dropout`: rate of PEFT-style dropout on each adapter's input (the reference's 0.05), in the
+  train step's loss computations only (`lm.lora.with_dropout`); sampling, evaluation and the
+  reference run without it. It needs adapters: full fine-tuning refuses a nonzero rate."""
 
   enabled: bool = True
   rank: int = 16
@@ -230,10 +230,10 @@ class LoRAConfig:
   def __post_init__(self):
     if self.enabled and self.rank <= 0:
       raise ValueError(f"lora.rank must be > 0, got {self.rank}")
-    if self.dropout != 0.0:
-      raise ValueError(
-        f"lora.dropout={self.dropout} is not implemented (adapters run without dropout); set it to 0.0"
-      )
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+    if self.dropout and not self.enabled:
+      raise ValueError(f"lora.dropout={self.dropout} acts on adapters: it needs lora.enabled=True")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

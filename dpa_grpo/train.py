@@ -203,7 +203,7 @@ class Trainer:
     t0 = time.perf_counter()
     chunks, records, rollout_metrics = self._chunks(step, cases)
     t1 = time.perf_counter()
-    metrics, grad_norm, tokens = self._update(chunks)
+    metrics, grad_norm, tokens = self._update(chunks, step)
     t2 = time.perf_counter()
     rundir.append_jsonl(
       os.path.join(self.workdir, "records", "train.jsonl"), [{"step": step, **r} for r in records]
@@ -232,7 +232,7 @@ class Trainer:
       seed = seeding.derive_seed(c.seed, case.case_id)
       chunks, case_records, rollout_metrics = self._chunks(step, [case], seed=seed)
       t1 = time.perf_counter()
-      metrics, grad_norm, n = self._update(chunks)
+      metrics, grad_norm, n = self._update(chunks, step, case.case_id)
       t_rollout, t_update, tokens = t_rollout + t1 - t0, t_update + time.perf_counter() - t1, tokens + n
       for key, value in metrics.items():
         sums[key] = sums.get(key, 0.0) + value / len(cases)
@@ -252,19 +252,32 @@ class Trainer:
       "update_tokens_per_s": tokens / max(t_update, 1e-9),
     }
 
-  def _update(self, chunks: dict[str, list]) -> tuple[dict[str, float], jax.Array, int]:
-    """One optimiser update from the summed gradient of `chunks`: (metrics, grad norm, tokens)."""
+  def _dropout_key(self, *parts: int | str) -> jax.Array | None:
+    """The LoRA-dropout key of one chunk's loss, a function of (seed, step, case, role, chunk)
+    alone (`lm.seeding`), so a resumed run draws the masks an uninterrupted one drew; None when
+    the adapters have no dropout (the train step then compiles today's program)."""
+    if not self.policies.lora_dropout:
+      return None
+    key = jax.random.key(seeding.derive_seed(self.config.seed, "lora_dropout", *parts))
+    return jax.device_put(key, NamedSharding(self.mesh, P()))
+
+  def _update(
+    self, chunks: dict[str, list], *update_id: int | str
+  ) -> tuple[dict[str, float], jax.Array, int]:
+    """One optimiser update from the summed gradient of `chunks`: (metrics, grad norm, tokens).
+    `update_id` (the step, and the case under the per-case schedule) names it for its dropout keys."""
     grads = jax.tree.map(jnp.zeros_like, self.trainable)
     chunk_metrics = []
     tokens = 0
     for role, role_chunks in chunks.items():
-      for chunk in role_chunks:
+      for index, chunk in enumerate(role_chunks):
         tokens += int(chunk["attention_mask"].sum())
         grads, value, parts = step_lib.accumulate(
           grads,
           self.trainable,
           self.frozen,
           self._place(chunk),
+          self._dropout_key(*update_id, role, index),
           policies=self.policies,
           role=role,
           method=self.loss_method,

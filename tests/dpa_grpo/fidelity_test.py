@@ -72,13 +72,16 @@ def test_paper_presets_train_as_the_reference_code(preset):
   assert c.train.update_every == "case" and c.data.batch_cases == 10
   assert c.train.eval_cases == 8 and c.train.min_steps == 10 and c.train.patience == 2
   assert c.optim.weight_decay == 0.01 and c.optim.lr == 1e-5 and c.optim.max_grad_norm == 0.0
-  assert (c.lora.rank, c.lora.alpha) == (8, 32.0)
+  assert (c.lora.rank, c.lora.alpha, c.lora.dropout) == (8, 32.0, 0.05)
   assert (c.rollout.revisions, c.rollout.revision_temperature, c.rollout.explore) == (5, 0.7, 0.4)
 
 
-def test_lora_dropout_is_refused_not_ignored():
-  with pytest.raises(ValueError, match="lora.dropout=0.05 is not implemented"):
-    config_lib.LoRAConfig(dropout=0.05)
+def test_lora_dropout_needs_adapters_and_a_rate_below_one():
+  assert config_lib.LoRAConfig(dropout=0.05).dropout == 0.05
+  with pytest.raises(ValueError, match="needs lora.enabled=True"):
+    config_lib.LoRAConfig(enabled=False, dropout=0.05)
+  with pytest.raises(ValueError, match=r"lora.dropout must be in \[0, 1\)"):
+    config_lib.LoRAConfig(dropout=1.0)
 
 
 @pytest.mark.parametrize(
