@@ -233,6 +233,8 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     case_weight_by="case_id",  # the reference's ids 2, 3, 5, 6 (5a/5b, 6a/6b merged), power 1
     case_weight_power=1.0,
     skip_decision_on_invalid_revision=True,
+    aggregate="sum",  # each group's loss (÷ its size) summed over the case's units
+    verifier_weight=0.5,  # --verifier-loss-scale
     revision_weight=1.0,
     revision_filter=True,  # only parsed revisions, and only a group with contrast, is trained
     skip_verifier_on_invalid_draft=True,

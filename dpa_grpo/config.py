@@ -27,6 +27,7 @@ KL_ESTIMATORS = ("k1", "k3", "exact")
 WEIGHTINGS = ("pair", "policy")
 DECISION_REWARDS = ("outcome", "shaped")
 CASE_CLASSES = ("case", "case_id")
+AGGREGATES = ("mean", "sum")
 UPDATE_SCHEDULES = ("step", "case")
 BASELINE_MODES = ("library", "reference")
 
@@ -113,6 +114,11 @@ class LossConfig:
       ("case": the 8 cases; "case_id": the reference's ids, 5a/5b and 6a/6b merged) to the power
       `case_weight_power` (`packing.case_weights`).
     skip_decision_on_invalid_revision: no decision pair on a unit whose kept revision is unparsable.
+    aggregate: "mean" — each component's loss is the mean over its units in an update; "sum" —
+      the sum (the reference's: its groups' losses summed over a case's transitions).
+    verifier_weight: weight of the verifier's verdict pairs (the reference's 0.5,
+      `--verifier-loss-scale`; with an adapter per role and AdamW a constant factor on one role's
+      loss barely moves its update).
     revision_weight: weight of the revise turn's own group (the K revisions on the revise prompt,
       reward S_z); 0: the revise prompt gets no loss.
     revision_filter: unparsable revisions leave the revise group; a group with fewer than two
@@ -138,6 +144,8 @@ class LossConfig:
   case_weight_by: str = "case"
   case_weight_power: float = 1.0
   skip_decision_on_invalid_revision: bool = False
+  aggregate: str = "mean"
+  verifier_weight: float = 1.0
   revision_weight: float = 0.0
   revision_filter: bool = False
   skip_verifier_on_invalid_draft: bool = False
@@ -155,6 +163,8 @@ class LossConfig:
       raise ValueError(
         f"loss.decision_rewards must be one of {DECISION_REWARDS}, got {self.decision_rewards!r}"
       )
+    if self.aggregate not in AGGREGATES:
+      raise ValueError(f"loss.aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
     if self.case_weight_by not in CASE_CLASSES:
       raise ValueError(f"loss.case_weight_by must be one of {CASE_CLASSES}, got {self.case_weight_by!r}")
     if self.balance_strength < 0 or not 0.0 <= self.balance_target <= 1.0:

@@ -108,11 +108,12 @@ def case_weights(cases: Sequence[str], power: float = 1.0) -> list[float]:
 def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -> list[Item]:
   """The revise turn's GRPO group per SAC'd unit: the K revisions on the revise prompt, reward S_z
   of each, advantages (r − μ)/(σ + 1e-8) over the K, the per-revision loss −A·ℓ + β(ℓ − ℓ_ref)
-  averaged over the K and over the step's groups, times `loss.revision_weight` (the reference
-  code's `updates.py`). With `loss.revision_filter` (the reference's
-  `skip_filer_revise_update_on_invalid_revise`), unparsable revisions leave the group, and a group
-  with fewer than two left or no reward contrast is skipped, its KL term included. Revisions are
-  paired two to an item (a missing partner is an empty row)."""
+  averaged over the K and over the update's groups (summed over them under
+  `loss.aggregate="sum"`), times `loss.revision_weight` (the reference code's `updates.py`). With
+  `loss.revision_filter` (the reference's `skip_filer_revise_update_on_invalid_revise`),
+  unparsable revisions leave the group, and a group with fewer than two left or no reward contrast
+  is skipped, its KL term included. Revisions are paired two to an item (a missing partner is an
+  empty row)."""
   groups = []
   for u in units:
     r = u.revision
@@ -128,7 +129,8 @@ def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -
   for prompt_ids, members in groups:
     rewards = np.array([right for _, right in members], np.float64)
     advantages = (rewards - rewards.mean()) / (rewards.std() + _REFERENCE_EPS)
-    scale = loss.revision_weight / (len(members) * len(groups))
+    per_group = len(groups) if loss.aggregate == "mean" else 1
+    scale = loss.revision_weight / (len(members) * per_group)
     rows = [(s.tokens, -a * scale) for (s, _), a in zip(members, advantages, strict=True)]
     for k in range(0, len(rows), 2):
       (t0, c0), (t1, c1) = rows[k], rows[k + 1] if k + 1 < len(rows) else ((), 0.0)
@@ -233,11 +235,15 @@ def draft_pair_items(groups: Sequence[rollout.Group]) -> list[Item]:
 
 
 def dpa_chunks(
-  items: Sequence[Item], num_components: int, pairs: int, pad_id: int
+  items: Sequence[Item], num_components: int, pairs: int, pad_id: int, aggregate: str = "mean"
 ) -> list[dict[str, np.ndarray]]:
-  """Fixed-size chunks of `pairs` items; `share` and penalties make chunk losses add to the step's."""
+  """Fixed-size chunks of `pairs` items; `share` and penalties make chunk losses add to the step's.
+
+  `aggregate`: "mean" — each component's loss is the mean over its units in the update; "sum" —
+  the sum (the reference code's: every group's loss, ÷ its size, summed over the update's
+  transitions), through `component_total`, and penalties not divided by the units."""
   counts = np.bincount([i.component for i in items if i.component >= 0], minlength=num_components)
-  units = max(1, sum(1 for i in items if i.component == 0) or len(items))
+  units = max(1, sum(1 for i in items if i.component == 0) or len(items)) if aggregate == "mean" else 1
   weighted = any(i.weight != 1.0 for i in items)
   with_rows = any(i.coef != (0.0, 0.0) or i.kl_coef != (0.0, 0.0) for i in items)
   chunks = []
@@ -256,6 +262,8 @@ def dpa_chunks(
       row_penalty=np.array([i.penalty for i in chunk], np.float32) / units,
     )
     # Keys only where a mechanism uses them, so a run without them compiles today's program.
+    if aggregate == "sum":
+      batch["component_total"] = counts.astype(np.float32)
     if weighted:
       batch["item_weight"] = np.array([i.weight for i in chunk], np.float32)
     if with_rows:

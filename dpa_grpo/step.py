@@ -73,7 +73,9 @@ def loss_configs(
   if method == "dpa_grpo":
     common = dict(beta=loss.beta, kl=loss.kl, weighting=loss.weighting, vocab_chunk=loss.vocab_chunk)
     return {
-      "verifier": losses.DPALossConfig(**common, components=("verdict",), component_weights=(1.0,)),
+      "verifier": losses.DPALossConfig(
+        **common, components=("verdict",), component_weights=(loss.verifier_weight,)
+      ),
       "generator": losses.DPALossConfig(
         **common,
         components=("decision", "proposal"),

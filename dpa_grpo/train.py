@@ -175,7 +175,9 @@ class Trainer:
       units = rollout.play(cases, g, v, self.rollout_cfg, seed=seed, step=step)
       items = packing.dpa_items(units, self.tokenizer, c.loss)
       chunks = {
-        role: packing.dpa_chunks(items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id)
+        role: packing.dpa_chunks(
+          items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id, c.loss.aggregate
+        )
         for role in self.roles
       }
       return chunks, [u.record() for u in units], game_metrics(units, self.rollout_cfg.tolerance)
@@ -184,7 +186,7 @@ class Trainer:
     metrics = {"reward": float(rewards.mean()), "groups": len(groups)}
     if self.loss_method == "dpa_grpo":  # the reference baseline: the pair loss, tied groups skipped
       items = packing.draft_pair_items(groups)
-      chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id)}
+      chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id, c.loss.aggregate)}
       return chunks, [g.record() for g in groups], {**metrics, "untied_groups": len(items)}
     size = self.rollout_cfg.group_size
     per_chunk = shapes.round_up(c.train.groups_per_chunk * size, self.batch_multiple) // size

@@ -40,6 +40,7 @@ def test_cpu_presets_resolve_to_todays_training(preset):
   assert c.loss.revision_weight == 0.0 and not c.loss.skip_verifier_on_invalid_draft
   assert not c.loss.revision_filter and not c.loss.skip_decision_on_invalid_revision
   assert c.loss.case_weight_by == "case"
+  assert c.loss.aggregate == "mean" and c.loss.verifier_weight == 1.0
   assert c.loss.proposal_weight == 1.0 and c.loss.invalid_penalty == 0.1
   assert not c.rollout.missing_as_zero and c.rollout.context == "submitted"
   assert (
@@ -64,6 +65,7 @@ def test_paper_presets_train_as_the_reference_code(preset):
   assert (c.loss.cave_penalty, c.loss.miss_penalty, c.loss.outcome_bonus) == (0.2, 0.3, 0.5)
   assert (c.loss.revise_format_penalty, c.loss.balance_strength, c.loss.balance_target) == (0.25, 1.5, 0.3)
   assert c.loss.case_weight_by == "case_id" and c.loss.case_weight_power == 1.0
+  assert c.loss.aggregate == "sum" and c.loss.verifier_weight == 0.5
   assert c.loss.proposal_weight == 0.0 and c.loss.invalid_penalty == 0.0
   assert c.loss.kl == "k1" and c.loss.weighting == "pair" and c.loss.beta == 0.04
   assert c.rollout.missing_as_zero and c.rollout.context == "draft" and c.rollout.keep_rule == "first"
@@ -388,6 +390,44 @@ def test_the_revise_group_moves_log_prob_of_the_right_revision_up():
   before, after = logp_of(params), logp_of(stepped)
   assert after[1] > before[1] + 1e-3
   assert all(after[k] < before[k] for k in (0, 2, 3))
+
+
+def test_sum_aggregation_is_the_reference_sum_of_group_losses():
+  """Under aggregate="sum" a component's loss is the sum of its units' pair losses (the reference's
+  groups ÷ their size, summed over the case) — n times the mean — with the metrics still means;
+  the revise groups are summed too (−A/K per revision, not ÷ the number of groups)."""
+  model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
+  ref = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(1))
+  units = [_unit(*EIGHT[c]) for c in ("3", "5a", "6a")]
+  loss = config_lib.LossConfig(decision_rewards="shaped", proposal_weight=0.0, invalid_penalty=0.0)
+  items = [i for i in packing.dpa_items(units, _Tokenizer(), loss)["generator"] if i.component == 0]
+  cfg = losses.DPALossConfig(components=("decision",), component_weights=(1.0,), vocab_chunk=64)
+  out = {}
+  for how in ("mean", "sum"):
+    (chunk,) = packing.dpa_chunks(items, 1, 4, pad_id=0, aggregate=how)
+    assert ("component_total" in chunk) == (how == "sum")
+    out[how] = losses.dpa_loss(model, ref, {k: jnp.asarray(v) for k, v in chunk.items()}, cfg)
+  assert abs(float(out["mean"][0])) > 1e-6
+  np.testing.assert_allclose(float(out["sum"][0]), 3 * float(out["mean"][0]), rtol=1e-4)
+  for key, value in out["mean"][1].items():
+    np.testing.assert_allclose(out["sum"][1][key], value, rtol=1e-6)
+  two = [_revise_unit((False, True), [[20], [21]]), _revise_unit((True, False), [[22], [23]])]
+  summed = dataclasses.replace(config_lib.LossConfig(revision_weight=1.0), aggregate="sum")
+  np.testing.assert_allclose(
+    [i.coef for i in packing.revision_items(two, summed)], [[0.5, -0.5], [-0.5, 0.5]]
+  )
+  meaned = config_lib.LossConfig(revision_weight=1.0)
+  np.testing.assert_allclose(
+    [i.coef for i in packing.revision_items(two, meaned)], [[0.25, -0.25], [-0.25, 0.25]]
+  )
+
+
+def test_verifier_weight_scales_the_verdict_component():
+  from dpa_grpo import step
+
+  c = _typed("qwen3_4b")
+  cfgs = step.loss_configs("dpa_grpo", c.loss, c.baseline, max_new_tokens=8)
+  assert cfgs["verifier"].component_weights == (0.5,) and cfgs["generator"].component_weights[0] == 1.0
 
 
 # ---- scoring, context and the reference baseline -----------------------------------------------

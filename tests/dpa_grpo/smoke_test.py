@@ -43,7 +43,7 @@ def test_qwen3_4b_preset_code_path_runs_two_steps_on_cpu(tmp_path):
   assert config["train"]["update_every"] == "case" and config["loss"]["decision_rewards"] == "shaped"
   assert config["baseline"]["mode"] == "reference" and config["rollout"]["context"] == "draft"
   assert config["lora"]["dropout"] == 0.05 and config["loss"]["balance_strength"] == 1.5
-  assert config["loss"]["case_weight_by"] == "case_id"
+  assert config["loss"]["case_weight_by"] == "case_id" and config["loss"]["aggregate"] == "sum"
   overrides = {a.split("=")[0] for a in args if a.startswith("--config.loss.")}
   assert overrides == {
     "--config.loss.skip_verifier_on_invalid_draft",
