@@ -215,7 +215,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
 def _reference_training(c: ml_collections.ConfigDict) -> None:
   """The paper's training as its reference code runs it (docs/dpa_grpo.md, fidelity table)."""
   c.data.batch_cases = 10  # cases per step, each followed by its own AdamW update
-  c.train.update(update_every="case", eval_cases=8, min_steps=10)
+  c.train.update(update_every="case", eval_cases=8, min_steps=10, select_initial=False)
   c.rollout.update(
     verdict_tokens=2048,
     decision_tokens=256,

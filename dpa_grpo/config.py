@@ -278,6 +278,8 @@ class TrainConfig:
   eval_cases: evaluate and select the model on the first `eval_cases` test cases (0: all); with
     it, the all-cases figure is logged beside (`eval/all_cases`).
   min_steps: no early stop before this step (the reference: 10).
+  select_initial: the evaluation before the first step competes for the best step and counts for
+    patience (False: it is logged only — the reference evaluates first after `eval_every` steps).
   """
 
   steps: int = 30
@@ -292,6 +294,7 @@ class TrainConfig:
   update_every: str = "step"
   eval_cases: int = 0
   min_steps: int = 0
+  select_initial: bool = True
 
   def __post_init__(self):
     if self.update_every not in UPDATE_SCHEDULES:

@@ -345,15 +345,20 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
       writer.add_scalar(name.lstrip("/"), value, entry["step"])
     writer.flush()
 
-  def evaluate_and_track(step: int) -> dict[str, float]:
+  def evaluate_and_track(step: int) -> dict[str, float] | None:
+    """Evaluates; the result competes for the best step (and counts for patience) unless it is the
+    untrained model's of a training run under `train.select_initial=False` (the reference's
+    selection, whose first evaluation is after step `eval_every`): that one is only logged."""
     metrics = trainer.evaluate(step)
     s = trainer.state
+    log({"step": step, "eval": metrics})
+    if step == 0 and steps > 0 and not c.select_initial:
+      return None
     if s["best"] is None or metrics[BEST_METRIC] > s["best"]:
       s.update(best=metrics[BEST_METRIC], best_step=step, bad_evals=0)
     else:
       s["bad_evals"] += 1
     s["stopped"] = steps > 0 and s["bad_evals"] >= c.patience and step >= c.min_steps
-    log({"step": step, "eval": metrics})
     return {BEST_METRIC: metrics[BEST_METRIC]}
 
   if start < 0:

@@ -49,6 +49,7 @@ def test_cpu_presets_resolve_to_todays_training(preset):
   )
   assert c.rollout.group_carry == "first" and c.baseline.mode == "library"
   assert c.train.update_every == "step" and c.train.eval_cases == 0 and c.train.min_steps == 0
+  assert c.train.select_initial
   assert c.optim.weight_decay == 0.0 and c.optim.max_grad_norm == 1.0 and c.lora.dropout == 0.0
   assert c.rollout.decision_tokens == {"cpu": 10, "tiny": 4}[preset.split("_")[0]]
   assert c.data.batch_cases == {"cpu": 4, "tiny": 2}[preset.split("_")[0]]
@@ -73,6 +74,7 @@ def test_paper_presets_train_as_the_reference_code(preset):
   assert c.rollout.group_size == 2 and c.rollout.group_carry == "best" and c.baseline.mode == "reference"
   assert c.train.update_every == "case" and c.data.batch_cases == 10
   assert c.train.eval_cases == 8 and c.train.min_steps == 10 and c.train.patience == 2
+  assert not c.train.select_initial and c.train.eval_every == 5
   assert c.optim.weight_decay == 0.01 and c.optim.lr == 1e-5 and c.optim.max_grad_norm == 0.0
   assert (c.lora.rank, c.lora.alpha, c.lora.dropout) == (8, 32.0, 0.05)
   assert (c.rollout.revisions, c.rollout.revision_temperature, c.rollout.explore) == (5, 0.7, 0.4)
