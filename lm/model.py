@@ -412,7 +412,7 @@ def project(spec: str, x: Array, w: dict[str, Array], name: str, dtype: Any) -> 
   if name + "_lora_keep" in w:
     keep = w[name + "_lora_keep"]
     mask = jax.random.bernoulli(jax.random.wrap_key_data(w[name + "_lora_key"]), keep, x.shape)
-    x = jnp.where(mask, x / keep.astype(x.dtype), jnp.zeros((), x.dtype))
+    x = jnp.where(mask, x.astype(jnp.float32) / keep, 0.0).astype(x.dtype)  # scale in f32, like torch
   low = jnp.einsum(f"{x_axes},{contracted}r->{kept}r", x, w[name + "_lora_a"].astype(dtype))
   return out + jnp.einsum(f"{kept}r,r{produced}->{out_axes}", low, w[name + "_lora_b"].astype(dtype))
 

@@ -54,6 +54,23 @@ def test_dropout_acts_on_the_adapter_input_only():
   np.testing.assert_array_equal(project(SPEC, x, no_adapter, "up_df", jnp.float32), x @ w["up_df"])
 
 
+def test_bf16_scales_in_float32():
+  """In bf16 the kept inputs are x/keep computed in float32 and rounded once (bf16 holds 0.95 as
+  0.9492: dividing by the rounded keep would bias every kept input by 0.08%)."""
+  x, w = _weights(seed=2)
+  x16 = x.astype(jnp.bfloat16)
+  w16 = {k: v.astype(jnp.bfloat16) for k, v in w.items()}
+  key = jax.random.key(4)
+  got = project(SPEC, x16, _dropped(w16, 0.95, key), "up_df", jnp.bfloat16)
+  mask = jax.random.bernoulli(key, jnp.float32(0.95), x.shape)
+  dropped = jnp.where(mask, x16.astype(jnp.float32) / 0.95, 0.0).astype(jnp.bfloat16)
+  low = jnp.einsum("btd,dr->btr", dropped, w16["up_df_lora_a"])
+  expected = jnp.einsum("btd,df->btf", x16, w16["up_df"]) + jnp.einsum(
+    "btr,rf->btf", low, w16["up_df_lora_b"]
+  )
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(expected, np.float32))
+
+
 def test_dropout_is_unbiased():
   """Inverted dropout keeps the expectation: E[m/keep] = 1, so the mean output over N keys is the
   no-dropout output up to sampling noise. Tolerance: 5 standard errors per element (the empirical
