@@ -224,6 +224,7 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     context="draft",
     group_size=2,
     group_carry="best",
+    unparsed_revision="keep_draft",  # S_z = 0, and a REVISE on it submits x (dual_rollout.py)
   )
   c.loss.update(
     decision_rewards="shaped",  # cave 0.2, miss 0.3, outcome bonus 0.5, format penalty 0.25

@@ -48,6 +48,7 @@ def test_cpu_presets_resolve_to_todays_training(preset):
     and c.rollout.verdict_tokens == {"cpu": 40, "tiny": 8}[preset.split("_")[0]]
   )
   assert c.rollout.group_carry == "first" and c.baseline.mode == "library"
+  assert c.rollout.unparsed_revision == "missing"
   assert c.train.update_every == "step" and c.train.eval_cases == 0 and c.train.min_steps == 0
   assert c.train.select_initial
   assert c.optim.weight_decay == 0.0 and c.optim.max_grad_norm == 1.0 and c.lora.dropout == 0.0
@@ -72,6 +73,7 @@ def test_paper_presets_train_as_the_reference_code(preset):
   assert c.rollout.missing_as_zero and c.rollout.context == "draft" and c.rollout.keep_rule == "first"
   assert (c.rollout.max_new_tokens, c.rollout.verdict_tokens, c.rollout.decision_tokens) == (2048, 2048, 256)
   assert c.rollout.group_size == 2 and c.rollout.group_carry == "best" and c.baseline.mode == "reference"
+  assert c.rollout.unparsed_revision == "keep_draft"
   assert c.train.update_every == "case" and c.data.batch_cases == 10
   assert c.train.eval_cases == 8 and c.train.min_steps == 10 and c.train.patience == 2
   assert not c.train.select_initial and c.train.eval_every == 5
@@ -433,6 +435,25 @@ def test_verifier_weight_scales_the_verdict_component():
 
 
 # ---- scoring, context and the reference baseline -----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["missing", "keep_draft"])
+def test_a_revise_on_an_unparsable_revision_submits_z_or_keeps_the_draft(mode):
+  """Line with gold 0, x wrong (7), REVISE played on an unparsable revision, missing amounts read
+  as 0.0. "missing": z reads as 0.0, right — case 5a, submitted None, right. "keep_draft" (the
+  reference): S_z = 0 — case 5b — and the submitted line is x, wrong."""
+  cfg = rollout.RolloutConfig(missing_as_zero=True, unparsed_revision=mode)
+  base = _unit(False, True, R, z_right=False, z_parsed=False, gold=0.0)
+  z_right = cfg.revision_correct(None, 0.0)
+  revision = dataclasses.replace(base.revision, z_right=z_right, rights=(z_right,))
+  unit = rollout._settle(
+    base.draft, base.verdict, revision, base.decision, keep_draft_on_unparsed=mode == "keep_draft"
+  )
+  if mode == "missing":
+    assert (unit.case, unit.submitted, unit.submitted_right) == ("5a", None, True)
+  else:
+    assert (unit.case, unit.submitted, unit.submitted_right) == ("5b", 1.0, False)
+  assert cfg.revision_correct(0.0, 0.0) and not cfg.revision_correct(3.0, 0.0)  # parsed: the oracle
 
 
 def test_reference_scoring_reads_a_missing_amount_as_zero():
