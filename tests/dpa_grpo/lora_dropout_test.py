@@ -89,17 +89,17 @@ def test_dropout_changes_the_loss_reproducibly_and_gradients_flow(setup):
 
 
 def test_the_loss_is_unbiased_to_first_order(setup):
-  """Over 32 keys the mean loss is the no-dropout loss up to noise and a second-order bias.
+  """Over 64 keys the mean loss is the no-dropout loss up to noise and a second-order bias.
   Inverted dropout leaves each adapter output's expectation unchanged (`lm` test); the loss is a
   smooth function of those outputs, so its mean moves only by O(p/(1−p)·|adapter update|²) — with
   B ~ 0.1·N(0, 1) that is far below the per-key spread. Tolerance: 5 standard errors of the mean
   plus 10% of the per-key standard deviation for that bias (measured on this fixture: mean −
-  base = 1.2e-3, 1.3 standard errors of 9.1e-4; per-key std 5.1e-3)."""
+  base = 9.4e-4, 1.4 standard errors of 6.6e-4; per-key std 5.3e-3). The train step's own
+  compiled `accumulate` (shared with the tests above) computes each loss."""
   made, trainable, frozen, batch = setup
   base_loss, _ = _accumulate(made[0.0], trainable, frozen, batch, None)
-  values = np.array(
-    [_accumulate(made[0.05], trainable, frozen, batch, jax.random.key(k))[0] for k in range(32)]
-  )
+  keys = range(64)
+  values = np.array([_accumulate(made[0.05], trainable, frozen, batch, jax.random.key(k))[0] for k in keys])
   spread = values.std()
   assert spread > 0
   assert abs(values.mean() - base_loss) <= 5 * spread / np.sqrt(len(values)) + 0.1 * spread
