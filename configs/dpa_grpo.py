@@ -215,7 +215,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
 def _reference_training(c: ml_collections.ConfigDict) -> None:
   """The paper's training as its reference code runs it (docs/dpa_grpo.md, fidelity table)."""
   c.data.batch_cases = 10  # cases per step, each followed by its own AdamW update
-  c.train.update(update_every="case", eval_cases=8, min_steps=10)
+  c.train.update(update_every="case", eval_cases=8, min_steps=10, select_initial=False)
   c.rollout.update(
     verdict_tokens=2048,
     decision_tokens=256,
@@ -224,18 +224,27 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     context="draft",
     group_size=2,
     group_carry="best",
+    unparsed_revision="keep_draft",  # S_z = 0, and a REVISE on it submits x (dual_rollout.py)
   )
   c.loss.update(
-    decision_rewards="shaped",
+    decision_rewards="shaped",  # cave 0.2, miss 0.3, outcome bonus 0.5, format penalty 0.25
+    balance_strength=1.5,  # REVISE bonus 1.5 · max(0.3 − the update's REVISE share, 0)
+    balance_target=0.3,
     case_weights=True,
+    case_weight_by="case_id",  # the reference's ids 2, 3, 5, 6 (5a/5b, 6a/6b merged), power 1
+    case_weight_power=1.0,
+    skip_decision_on_invalid_revision=True,
+    aggregate="sum",  # each group's loss (÷ its size) summed over the case's units
+    verifier_weight=0.5,  # --verifier-loss-scale
     revision_weight=1.0,
+    revision_filter=True,  # only parsed revisions, and only a group with contrast, is trained
     skip_verifier_on_invalid_draft=True,
     proposal_weight=0.0,
     invalid_penalty=0.0,
   )
   c.baseline.mode = "reference"
   c.optim.update(weight_decay=0.01, max_grad_norm=0.0)
-  c.lora.update(rank=8, alpha=32.0)  # dropout 0.05 in the reference: not implemented (LoRAConfig)
+  c.lora.update(rank=8, alpha=32.0, dropout=0.05)  # PEFT's lora_dropout, in training losses only
 
 
 def get_sweep(h):

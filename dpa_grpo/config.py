@@ -26,6 +26,8 @@ SCHEDULES = ("constant", "cosine")
 KL_ESTIMATORS = ("k1", "k3", "exact")
 WEIGHTINGS = ("pair", "policy")
 DECISION_REWARDS = ("outcome", "shaped")
+CASE_CLASSES = ("case", "case_id")
+AGGREGATES = ("mean", "sum")
 UPDATE_SCHEDULES = ("step", "case")
 BASELINE_MODES = ("library", "reference")
 
@@ -103,11 +105,24 @@ class LossConfig:
   presets (docs/dpa_grpo.md, fidelity table):
     decision_rewards: KEEP/REVISE rewards — "outcome" ([S_x, S_z]: ties when x and z are both
       right or both wrong) or "shaped" (x right → KEEP; x and z wrong → KEEP; z unparsable →
-      KEEP; x wrong and z right → REVISE; cave / miss penalties and the outcome bonus set the
-      magnitudes, see `packing.decision_rewards`).
-    case_weights: inverse-frequency weights of the 8 cases on the generator's decision pairs.
+      KEEP; x wrong and z right → REVISE; `packing.decision_rewards` has the formula).
+    cave_penalty, miss_penalty, outcome_bonus, revise_format_penalty: the shaped rewards'
+      magnitudes (the reference's `scripts/train_tax.sh` and `train_grpo.py` values).
+    balance_strength, balance_target: the shaped rule's REVISE bonus, strength · max(target −
+      the update's REVISE share, 0) (`packing.balance_bonus`); strength 0: none.
+    case_weights: inverse-frequency weights on the generator's decision pairs, over `case_weight_by`
+      ("case": the 8 cases; "case_id": the reference's ids, 5a/5b and 6a/6b merged) to the power
+      `case_weight_power` (`packing.case_weights`).
+    skip_decision_on_invalid_revision: no decision pair on a unit whose kept revision is unparsable.
+    aggregate: "mean" — each component's loss is the mean over its units in an update; "sum" —
+      the sum (the reference's: its groups' losses summed over a case's transitions).
+    verifier_weight: weight of the verifier's verdict pairs (the reference's 0.5,
+      `--verifier-loss-scale`; with an adapter per role and AdamW a constant factor on one role's
+      loss barely moves its update).
     revision_weight: weight of the revise turn's own group (the K revisions on the revise prompt,
       reward S_z); 0: the revise prompt gets no loss.
+    revision_filter: unparsable revisions leave the revise group; a group with fewer than two
+      left, or whose rewards all agree, is skipped (`packing.revision_items`).
     skip_verifier_on_invalid_draft: no verifier pair on units whose draft x is unparsable.
   """
 
@@ -122,8 +137,17 @@ class LossConfig:
   cave_penalty: float = 0.2
   miss_penalty: float = 0.3
   outcome_bonus: float = 0.5
+  revise_format_penalty: float = 0.25
+  balance_strength: float = 1.5
+  balance_target: float = 0.3
   case_weights: bool = False
+  case_weight_by: str = "case"
+  case_weight_power: float = 1.0
+  skip_decision_on_invalid_revision: bool = False
+  aggregate: str = "mean"
+  verifier_weight: float = 1.0
   revision_weight: float = 0.0
+  revision_filter: bool = False
   skip_verifier_on_invalid_draft: bool = False
 
   def __post_init__(self):
@@ -138,6 +162,15 @@ class LossConfig:
     if self.decision_rewards not in DECISION_REWARDS:
       raise ValueError(
         f"loss.decision_rewards must be one of {DECISION_REWARDS}, got {self.decision_rewards!r}"
+      )
+    if self.aggregate not in AGGREGATES:
+      raise ValueError(f"loss.aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
+    if self.case_weight_by not in CASE_CLASSES:
+      raise ValueError(f"loss.case_weight_by must be one of {CASE_CLASSES}, got {self.case_weight_by!r}")
+    if self.balance_strength < 0 or not 0.0 <= self.balance_target <= 1.0:
+      raise ValueError(
+        f"loss.balance_strength must be >= 0 and loss.balance_target in [0, 1], got "
+        f"{self.balance_strength}, {self.balance_target}"
       )
     if self.revision_weight < 0:
       raise ValueError(f"loss.revision_weight must be >= 0, got {self.revision_weight}")
@@ -193,9 +226,9 @@ class BaselineConfig:
 class LoRAConfig:
   """Adapters (one per role) on a frozen backbone; `enabled=False` fine-tunes the backbone.
 
-  `dropout` (the reference's 0.05 on the adapter input) is not implemented: `lm.lora` applies the
-  adapters deterministically inside jitted, donated steps with no dropout key; a nonzero value is
-  refused rather than silently ignored (docs/dpa_grpo.md, fidelity table)."""
+  `dropout`: rate of PEFT-style dropout on each adapter's input (the reference's 0.05), in the
+  train step's loss computations only (`lm.lora.with_dropout`); sampling, evaluation and the
+  reference run without it. It needs adapters: full fine-tuning refuses a nonzero rate."""
 
   enabled: bool = True
   rank: int = 16
@@ -207,10 +240,10 @@ class LoRAConfig:
   def __post_init__(self):
     if self.enabled and self.rank <= 0:
       raise ValueError(f"lora.rank must be > 0, got {self.rank}")
-    if self.dropout != 0.0:
-      raise ValueError(
-        f"lora.dropout={self.dropout} is not implemented (adapters run without dropout); set it to 0.0"
-      )
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+    if self.dropout and not self.enabled:
+      raise ValueError(f"lora.dropout={self.dropout} acts on adapters: it needs lora.enabled=True")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -245,6 +278,8 @@ class TrainConfig:
   eval_cases: evaluate and select the model on the first `eval_cases` test cases (0: all); with
     it, the all-cases figure is logged beside (`eval/all_cases`).
   min_steps: no early stop before this step (the reference: 10).
+  select_initial: the evaluation before the first step competes for the best step and counts for
+    patience (False: it is logged only — the reference evaluates first after `eval_every` steps).
   """
 
   steps: int = 30
@@ -259,6 +294,7 @@ class TrainConfig:
   update_every: str = "step"
   eval_cases: int = 0
   min_steps: int = 0
+  select_initial: bool = True
 
   def __post_init__(self):
     if self.update_every not in UPDATE_SCHEDULES:

@@ -190,7 +190,9 @@ def dpa_loss(model, ref_model, batch: dict[str, jax.Array], cfg: DPALossConfig) 
   and add `row_penalty · ℓ` (a REINFORCE step with reward −penalty on the malformed text).
   Optional keys: `item_weight` [P] weights each pair's paired loss (case weights); `row_coef`,
   `row_kl` [P, 2] add Σ row_coef·ℓ + row_kl·(ℓ − ℓ_ref) — a group whose advantages were computed
-  on the host over more than two samples (the revise turn's K revisions), k1 to the reference.
+  on the host over more than two samples (the revise turn's K revisions), k1 to the reference;
+  `component_total` [K] multiplies component k's loss (not its metrics) by its units in the update,
+  turning the mean into the reference code's sum (`loss.aggregate="sum"`).
 
   Args:
     model, ref_model: `lm.Qwen` models (the policy is differentiated; the reference is not).
@@ -223,7 +225,8 @@ def dpa_loss(model, ref_model, batch: dict[str, jax.Array], cfg: DPALossConfig) 
       unit_weights=batch.get("item_weight"),
     )
     share = batch["share"][k]
-    loss = loss + weight * share * part
+    total = batch["component_total"][k] if "component_total" in batch else 1.0
+    loss = loss + weight * share * total * part
     metrics.update({f"{name}/{key}": share * value for key, value in parts.items() if key != "units"})
   return loss, metrics
 

@@ -46,55 +46,98 @@ def pack_rows(prompts, completions, pad_id: int) -> dict[str, np.ndarray]:
   return scoring.pack_pairs(prompts, completions, pad_id=pad_id, length_multiple=width)
 
 
-def decision_rewards(unit: rollout.Unit, loss: config_lib.LossConfig) -> tuple[float, float]:
+def decision_rewards(
+  unit: rollout.Unit, loss: config_lib.LossConfig, revise_bonus: float = 0.0
+) -> tuple[float, float]:
   """[KEEP, REVISE] rewards of a SAC'd unit.
 
   "outcome": [S_x, S_z] — the action whose submitted line is right; a tie when x and z are both
   right (case 2/3 with z right) or both wrong (5b / 6a), so the decision learns nothing there.
-  "shaped" (the reference code's rule): x right → KEEP (even when z is right; REVISE pays the cave
-  penalty); z unparsable → KEEP; x wrong and z right → REVISE (KEEP pays the miss penalty); x and
-  z both wrong → KEEP (1 vs 0). The side whose submitted line is right gets the outcome bonus.
-  With a group of two, the advantage is ±1 whatever the magnitudes: the rule decides which action
-  is preferred, the case weights how much a unit counts.
+  "shaped": the reference code's counterfactual rewards (`dpa_grpo/dual_rollout.py`), with b the
+  outcome bonus, in the order the reference tests them:
+    z unparsable           KEEP 1          REVISE −format penalty
+    x right (cases 2/3)    KEEP 1 + b      REVISE b if z is right, else −cave penalty
+    x wrong, z right       KEEP −miss      REVISE 1 + b
+    x wrong, z wrong       KEEP 1          REVISE 0
+  plus `revise_bonus` on REVISE (`balance_bonus`, the same for every unit of an update). With a
+  group of two the advantage is ±1 whatever the magnitudes (the bonus never exceeds
+  strength · target = 0.45 < the smallest gap, 1, at the reference's values): the rule decides which
+  action is preferred, the case weights how much a unit counts.
   """
   sx, sz = float(unit.x_right), float(bool(unit.z_right))
   if loss.decision_rewards == "outcome":
     return sx, sz
   bonus = loss.outcome_bonus
-  if unit.x_right:
-    return 1.0 + bonus, (1.0 + bonus if unit.z_right else 0.0) - loss.cave_penalty
   if unit.revision.z_amount is None:
-    return 1.0, 0.0
-  if unit.z_right:
-    return -loss.miss_penalty, 1.0 + bonus
-  return 1.0, 0.0
+    keep, revise = 1.0, -loss.revise_format_penalty
+  elif unit.x_right:
+    keep, revise = 1.0 + bonus, (bonus if unit.z_right else -loss.cave_penalty)
+  elif unit.z_right:
+    keep, revise = -loss.miss_penalty, 1.0 + bonus
+  else:
+    keep, revise = 1.0, 0.0
+  return keep, revise + revise_bonus
 
 
-def case_weights(cases: Sequence[str]) -> list[float]:
-  """Inverse-frequency weights of the 8 cases over a step's decision units, mean 1: each case
-  present carries the same total weight, so a rare case (6a, 6b) is not drowned by a common one."""
+def balance_bonus(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -> float:
+  """The reference's homeostatic REVISE bonus of one update (`dpa_grpo/updates.py`):
+  strength · max(target − share, 0), share = the fraction of the update's SAC'd units on which
+  REVISE was played (forced REVISEs included); 0 without SAC'd units or under the outcome rule."""
+  played = [u.generator_action == game.REVISE for u in units if u.challenged]
+  if loss.decision_rewards != "shaped" or not played or loss.balance_strength <= 0:
+    return 0.0
+  return loss.balance_strength * max(loss.balance_target - float(np.mean(played)), 0.0)
+
+
+def case_key(case: str, by: str) -> str:
+  """The class a unit's case weight counts it in: its case ("case": the 8 cases) or the
+  reference's integer case id ("case_id": 5a/5b → 5, 6a/6b → 6)."""
+  return case.rstrip("ab") if by == "case_id" else case
+
+
+def case_weights(cases: Sequence[str], power: float = 1.0) -> list[float]:
+  """Inverse-frequency weights over a update's SAC'd units: (mean count / count of the unit's
+  class)^power (the reference's `approver_rare_case_weight` is the power). At power 1 the mean
+  weight is 1 and every class present carries the same total weight, so a rare case (6a, 6b) is
+  not drowned by a common one."""
   counts = collections.Counter(cases)
-  return [len(cases) / (len(counts) * counts[c]) for c in cases]
+  mean = len(cases) / max(len(counts), 1)
+  return [(mean / counts[c]) ** power for c in cases]
 
 
 def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -> list[Item]:
   """The revise turn's GRPO group per SAC'd unit: the K revisions on the revise prompt, reward S_z
   of each, advantages (r − μ)/(σ + 1e-8) over the K, the per-revision loss −A·ℓ + β(ℓ − ℓ_ref)
-  averaged over the K and over the step's groups, times `loss.revision_weight` (the reference
-  code's `updates.py`). Revisions are paired two to an item (a missing partner is an empty row)."""
-  groups = [u.revision for u in units if u.revision is not None and u.revision.samples]
+  averaged over the K and over the update's groups (summed over them under
+  `loss.aggregate="sum"`), times `loss.revision_weight` (the reference code's `updates.py`). With
+  `loss.revision_filter` (the reference's `skip_filer_revise_update_on_invalid_revise`),
+  unparsable revisions leave the group, and a group with fewer than two left or no reward contrast
+  is skipped, its KL term included. Revisions are paired two to an item (a missing partner is an
+  empty row)."""
+  groups = []
+  for u in units:
+    r = u.revision
+    if r is None or not r.samples:
+      continue
+    members = list(zip(r.samples, r.rights, strict=True))
+    if loss.revision_filter:
+      members = [m for m, a in zip(members, r.amounts, strict=True) if a is not None]
+      if len(members) < 2 or len({right for _, right in members}) < 2:
+        continue
+    groups.append((r.prompt_ids, members))
   items = []
-  for r in groups:
-    rewards = np.array(r.rights, np.float64)
+  for prompt_ids, members in groups:
+    rewards = np.array([right for _, right in members], np.float64)
     advantages = (rewards - rewards.mean()) / (rewards.std() + _REFERENCE_EPS)
-    scale = loss.revision_weight / (len(r.samples) * len(groups))
-    rows = [(s.tokens, -a * scale) for s, a in zip(r.samples, advantages, strict=True)]
+    per_group = len(groups) if loss.aggregate == "mean" else 1
+    scale = loss.revision_weight / (len(members) * per_group)
+    rows = [(s.tokens, -a * scale) for (s, _), a in zip(members, advantages, strict=True)]
     for k in range(0, len(rows), 2):
       (t0, c0), (t1, c1) = rows[k], rows[k + 1] if k + 1 < len(rows) else ((), 0.0)
       kl1 = loss.beta * scale if k + 1 < len(rows) else 0.0
       items.append(
         Item(
-          prompt=r.prompt_ids,
+          prompt=prompt_ids,
           completions=(t0, t1),
           coef=(float(c0), float(c1)),
           kl_coef=(loss.beta * scale, kl1),
@@ -109,19 +152,23 @@ def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossCon
   Verifier: [NS, SAC] canonical strings on the verifier prompt, rewards [S_x, 1 − S_x] (none on a
   unit whose draft is unparsable under `skip_verifier_on_invalid_draft`).
   Generator: [KEEP, REVISE] canonical strings on the decision prompt, rewards `decision_rewards`
-  (weighted by `case_weights`); the proposal pair [x, z] on the *draft* prompt, rewards
-  [S_x, S_z] — the generator's proposal trained on the two candidate answers the unit produced
-  (see docs/dpa_grpo.md; off with proposal_weight 0); the revise turn's group of K revisions
-  (`revision_items`, with revision_weight > 0). An invalid reply adds an item whose first row is
-  that reply, penalised (component −1).
+  with the update's `balance_bonus`, weighted by `case_weights` over the update's SAC'd units (none
+  on a unit whose kept revision is unparsable under `skip_decision_on_invalid_revision`); the
+  proposal pair [x, z] on the *draft* prompt, rewards [S_x, S_z] — the generator's proposal
+  trained on the two candidate answers the unit produced (see docs/dpa_grpo.md; off with
+  proposal_weight 0); the revise turn's group of K revisions (`revision_items`, with
+  revision_weight > 0). An invalid reply adds an item whose first row is that reply, penalised
+  (component −1).
   """
   encode = tokenizer.encode
   verdict_pair = tuple(encode(s) for s in game.VERIFIER_PAIR)
   decision_pair = tuple(encode(s) for s in game.GENERATOR_PAIR)
   penalty = loss.invalid_penalty
   challenged = [u for u in units if u.challenged]
-  weights = case_weights([u.case for u in challenged]) if loss.case_weights else [1.0] * len(challenged)
+  keys = [case_key(u.case, loss.case_weight_by) for u in challenged]
+  weights = case_weights(keys, loss.case_weight_power) if loss.case_weights else [1.0] * len(challenged)
   weight_of = {id(u): w for u, w in zip(challenged, weights, strict=True)}
+  bonus = balance_bonus(units, loss)
   items: dict[str, list[Item]] = {"verifier": [], "generator": []}
   for u in units:
     sx = float(u.x_right)
@@ -138,15 +185,16 @@ def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossCon
       continue
     sz = float(u.z_right)
     decide_ids = u.decision.prompt_ids
-    items["generator"].append(
-      Item(
-        prompt=decide_ids,
-        completions=decision_pair,
-        rewards=decision_rewards(u, loss),
-        component=0,
-        weight=weight_of[id(u)],
+    if not (loss.skip_decision_on_invalid_revision and u.revision.z_amount is None):
+      items["generator"].append(
+        Item(
+          prompt=decide_ids,
+          completions=decision_pair,
+          rewards=decision_rewards(u, loss, bonus),
+          component=0,
+          weight=weight_of[id(u)],
+        )
       )
-    )
     if loss.proposal_weight > 0:
       items["generator"].append(
         Item(
@@ -187,11 +235,15 @@ def draft_pair_items(groups: Sequence[rollout.Group]) -> list[Item]:
 
 
 def dpa_chunks(
-  items: Sequence[Item], num_components: int, pairs: int, pad_id: int
+  items: Sequence[Item], num_components: int, pairs: int, pad_id: int, aggregate: str = "mean"
 ) -> list[dict[str, np.ndarray]]:
-  """Fixed-size chunks of `pairs` items; `share` and penalties make chunk losses add to the step's."""
+  """Fixed-size chunks of `pairs` items; `share` and penalties make chunk losses add to the step's.
+
+  `aggregate`: "mean" — each component's loss is the mean over its units in the update; "sum" —
+  the sum (the reference code's: every group's loss, ÷ its size, summed over the update's
+  transitions), through `component_total`, and penalties not divided by the units."""
   counts = np.bincount([i.component for i in items if i.component >= 0], minlength=num_components)
-  units = max(1, sum(1 for i in items if i.component == 0) or len(items))
+  units = max(1, sum(1 for i in items if i.component == 0) or len(items)) if aggregate == "mean" else 1
   weighted = any(i.weight != 1.0 for i in items)
   with_rows = any(i.coef != (0.0, 0.0) or i.kl_coef != (0.0, 0.0) for i in items)
   chunks = []
@@ -210,6 +262,8 @@ def dpa_chunks(
       row_penalty=np.array([i.penalty for i in chunk], np.float32) / units,
     )
     # Keys only where a mechanism uses them, so a run without them compiles today's program.
+    if aggregate == "sum":
+      batch["component_total"] = counts.astype(np.float32)
     if weighted:
       batch["item_weight"] = np.array([i.weight for i in chunk], np.float32)
     if with_rows:

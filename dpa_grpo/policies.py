@@ -24,16 +24,21 @@ class Policies:
   LoRA: trainable = {role: that role's adapter state}, frozen = the backbone.
   Full fine-tuning: trainable = {"backbone": ...} shared by both roles, frozen = a copy of the
   initial backbone (the train step donates the trainable buffers, so the two never share one).
-  Hashable (graph definitions only), so it is a static argument of the jitted functions.
+  `lora_dropout` is the adapters' dropout rate: a policy built with a `dropout_key` (the train
+  step's loss, nothing else) drops out its adapter's input (`lm.lora.with_dropout`); without one
+  — sampling, evaluation, export — the adapter runs deterministically.
+  Hashable (graph definitions and a float), so it is a static argument of the jitted functions.
   """
 
   base: nnx.GraphDef
   adapted: nnx.GraphDef | None
+  lora_dropout: float = 0.0
 
-  def policy(self, trainable, frozen, role: str) -> Qwen:
+  def policy(self, trainable, frozen, role: str, dropout_key: jax.Array | None = None) -> Qwen:
     if self.adapted is None:
       return nnx.merge(self.base, trainable["backbone"])
-    return nnx.merge(self.adapted, frozen, trainable[role])
+    model = nnx.merge(self.adapted, frozen, trainable[role])
+    return lora.with_dropout(model, self.lora_dropout, dropout_key)
 
   def reference(self, frozen) -> Qwen:
     return nnx.merge(self.base, frozen)
@@ -54,4 +59,4 @@ def init_policies(
   for role, adapter in adapters.items():
     adapted, _, state = nnx.split(lora.with_adapter(model, adapter), nnx.Param, lora.LoRAParam)
     trainable[role] = jax.device_put(state, replicated)
-  return Policies(base, adapted), trainable, backbone
+  return Policies(base, adapted, lora_dropout=cfg.dropout), trainable, backbone

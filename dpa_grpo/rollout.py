@@ -42,6 +42,7 @@ from lm import text as text_lib
 KEEP_RULES = ("majority", "logprob", "first_parseable", "first")
 CONTEXTS = ("submitted", "draft")
 GROUP_CARRIES = ("first", "best")
+UNPARSED_REVISIONS = ("missing", "keep_draft")
 _PHASES = {"draft": 0, "verify": 1, "revise": 2, "decide": 3, "explore": 4, "group": 5}
 
 
@@ -70,6 +71,9 @@ class RolloutConfig:
       unit submitted) or "draft" (the original draft x, as the reference code does).
     group_carry: the generator-only baselines' amount carried to later lines — "first" (the
       first completion) or "best" (the oracle-best completion, as the reference code does).
+    unparsed_revision: an unparsable revision — "missing": scored like any missing amount
+      (`missing_as_zero`) and submitted by REVISE; "keep_draft" (the reference code's
+      `dual_rollout.py`): scored wrong (S_z = 0), and a REVISE on it submits the draft x.
   """
 
   lines: tuple[str, ...] = taxcalc.LINE_IDS
@@ -93,8 +97,13 @@ class RolloutConfig:
   missing_as_zero: bool = False
   context: str = "submitted"
   group_carry: str = "first"
+  unparsed_revision: str = "missing"
 
   def __post_init__(self):
+    if self.unparsed_revision not in UNPARSED_REVISIONS:
+      raise ValueError(
+        f"unparsed_revision must be one of {UNPARSED_REVISIONS}, got {self.unparsed_revision!r}"
+      )
     if self.context not in CONTEXTS:
       raise ValueError(f"context must be one of {CONTEXTS}, got {self.context!r}")
     if self.group_carry not in GROUP_CARRIES:
@@ -114,6 +123,13 @@ class RolloutConfig:
     if amount is None and self.missing_as_zero:
       amount = 0.0
     return taxcalc.line_correct(amount, gold, self.tolerance)
+
+  def revision_correct(self, amount: float | None, gold: float) -> bool:
+    """The oracle on one revision: `correct`, except that an unparsable one is wrong under
+    `unparsed_revision="keep_draft"`."""
+    if amount is None and self.unparsed_revision == "keep_draft":
+      return False
+    return self.correct(amount, gold)
 
   def show(self, case: taxcalc.TaxCase) -> taxcalc.TaxCase:
     """The case as prompts display it."""
@@ -471,8 +487,8 @@ def _revise_phase(
         amounts=amounts,
         kept=kept,
         z_amount=amounts[kept],
-        z_right=cfg.correct(amounts[kept], d.gold),
-        rights=tuple(cfg.correct(a, d.gold) for a in amounts),
+        z_right=cfg.revision_correct(amounts[kept], d.gold),
+        rights=tuple(cfg.revision_correct(a, d.gold) for a in amounts),
       )
     )
   return out
@@ -518,20 +534,32 @@ def _decide_phase(
   return out
 
 
-def _settle(draft: Draft, verdict: Verdict, revision: Revision | None, decision: Decision | None) -> Unit:
-  """The unit's 8-case label and submitted amount: the revision if REVISE was played, else x."""
+def _settle(
+  draft: Draft,
+  verdict: Verdict,
+  revision: Revision | None,
+  decision: Decision | None,
+  keep_draft_on_unparsed: bool = False,
+) -> Unit:
+  """The unit's 8-case label and submitted amount: the revision if REVISE was played, else x —
+  and x after a REVISE on an unparsable revision with `keep_draft_on_unparsed`."""
   action = None if decision is None else decision.action
   z_right = None if revision is None else revision.z_right
   args = (draft.right, verdict.parsed.action, action, z_right)
   revised = action == game.REVISE
+  if revised and keep_draft_on_unparsed and revision.z_amount is None:
+    submitted, submitted_right = draft.amount, draft.right
+  else:
+    submitted = revision.z_amount if revised else draft.amount
+    submitted_right = game.submitted_right(*args)
   return Unit(
     draft=draft,
     verdict=verdict,
     revision=revision,
     decision=decision,
     case=game.classify_case(*args),
-    submitted=revision.z_amount if revised else draft.amount,
-    submitted_right=game.submitted_right(*args),
+    submitted=submitted,
+    submitted_right=submitted_right,
   )
 
 
@@ -563,7 +591,10 @@ def play(
     decisions = _decide_phase(challenged, revisions, generator, cfg, how, seeds)
     after_sac = {id(d): (r, c) for (d, _), r, c in zip(challenged, revisions, decisions, strict=True)}
     for draft, verdict, d in zip(drafts, verdicts, drafted, strict=True):
-      unit = _settle(draft, verdict, *after_sac.get(id(draft), (None, None)))
+      keep_draft = cfg.unparsed_revision == "keep_draft"
+      unit = _settle(
+        draft, verdict, *after_sac.get(id(draft), (None, None)), keep_draft_on_unparsed=keep_draft
+      )
       d[line_id] = unit.submitted if cfg.context == "submitted" else draft.amount
       units.append(unit)
   return units

@@ -73,7 +73,9 @@ def loss_configs(
   if method == "dpa_grpo":
     common = dict(beta=loss.beta, kl=loss.kl, weighting=loss.weighting, vocab_chunk=loss.vocab_chunk)
     return {
-      "verifier": losses.DPALossConfig(**common, components=("verdict",), component_weights=(1.0,)),
+      "verifier": losses.DPALossConfig(
+        **common, components=("verdict",), component_weights=(loss.verifier_weight,)
+      ),
       "generator": losses.DPALossConfig(
         **common,
         components=("decision", "proposal"),
@@ -99,14 +101,19 @@ def loss_configs(
 @functools.partial(
   jax.jit, static_argnames=("policies", "role", "method", "loss_cfg"), donate_argnames=("grads",)
 )
-def accumulate(grads, trainable, frozen, batch, *, policies: Policies, role: str, method: str, loss_cfg):
+def accumulate(
+  grads, trainable, frozen, batch, dropout_key=None, *, policies: Policies, role: str, method: str, loss_cfg
+):
   """(`grads` + the gradient of one role's loss on one chunk, that loss, its metrics).
 
-  `grads` (a tree like `trainable`) is donated: the sum is written in its place.
+  `grads` (a tree like `trainable`) is donated: the sum is written in its place. `dropout_key` (a
+  PRNG key, or None) drives the policy's LoRA dropout (`Policies.lora_dropout`); the trainer
+  derives one per step, case, role and chunk (`Trainer._dropout_key`), so a resumed run draws the
+  same masks. The frozen reference never gets one.
   """
 
   def loss(params):
-    model = policies.policy(params, frozen, role)
+    model = policies.policy(params, frozen, role, dropout_key)
     ref = policies.reference(frozen)
     return losses.loss_fn(method)(model, ref, batch, loss_cfg)
 

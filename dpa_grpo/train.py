@@ -175,7 +175,9 @@ class Trainer:
       units = rollout.play(cases, g, v, self.rollout_cfg, seed=seed, step=step)
       items = packing.dpa_items(units, self.tokenizer, c.loss)
       chunks = {
-        role: packing.dpa_chunks(items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id)
+        role: packing.dpa_chunks(
+          items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id, c.loss.aggregate
+        )
         for role in self.roles
       }
       return chunks, [u.record() for u in units], game_metrics(units, self.rollout_cfg.tolerance)
@@ -184,7 +186,7 @@ class Trainer:
     metrics = {"reward": float(rewards.mean()), "groups": len(groups)}
     if self.loss_method == "dpa_grpo":  # the reference baseline: the pair loss, tied groups skipped
       items = packing.draft_pair_items(groups)
-      chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id)}
+      chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id, c.loss.aggregate)}
       return chunks, [g.record() for g in groups], {**metrics, "untied_groups": len(items)}
     size = self.rollout_cfg.group_size
     per_chunk = shapes.round_up(c.train.groups_per_chunk * size, self.batch_multiple) // size
@@ -203,7 +205,7 @@ class Trainer:
     t0 = time.perf_counter()
     chunks, records, rollout_metrics = self._chunks(step, cases)
     t1 = time.perf_counter()
-    metrics, grad_norm, tokens = self._update(chunks)
+    metrics, grad_norm, tokens = self._update(chunks, step)
     t2 = time.perf_counter()
     rundir.append_jsonl(
       os.path.join(self.workdir, "records", "train.jsonl"), [{"step": step, **r} for r in records]
@@ -232,7 +234,7 @@ class Trainer:
       seed = seeding.derive_seed(c.seed, case.case_id)
       chunks, case_records, rollout_metrics = self._chunks(step, [case], seed=seed)
       t1 = time.perf_counter()
-      metrics, grad_norm, n = self._update(chunks)
+      metrics, grad_norm, n = self._update(chunks, step, case.case_id)
       t_rollout, t_update, tokens = t_rollout + t1 - t0, t_update + time.perf_counter() - t1, tokens + n
       for key, value in metrics.items():
         sums[key] = sums.get(key, 0.0) + value / len(cases)
@@ -252,19 +254,32 @@ class Trainer:
       "update_tokens_per_s": tokens / max(t_update, 1e-9),
     }
 
-  def _update(self, chunks: dict[str, list]) -> tuple[dict[str, float], jax.Array, int]:
-    """One optimiser update from the summed gradient of `chunks`: (metrics, grad norm, tokens)."""
+  def _dropout_key(self, *parts: int | str) -> jax.Array | None:
+    """The LoRA-dropout key of one chunk's loss, a function of (seed, step, case, role, chunk)
+    alone (`lm.seeding`), so a resumed run draws the masks an uninterrupted one drew; None when
+    the adapters have no dropout (the train step then compiles today's program)."""
+    if not self.policies.lora_dropout:
+      return None
+    key = jax.random.key(seeding.derive_seed(self.config.seed, "lora_dropout", *parts))
+    return jax.device_put(key, NamedSharding(self.mesh, P()))
+
+  def _update(
+    self, chunks: dict[str, list], *update_id: int | str
+  ) -> tuple[dict[str, float], jax.Array, int]:
+    """One optimiser update from the summed gradient of `chunks`: (metrics, grad norm, tokens).
+    `update_id` (the step, and the case under the per-case schedule) names it for its dropout keys."""
     grads = jax.tree.map(jnp.zeros_like, self.trainable)
     chunk_metrics = []
     tokens = 0
     for role, role_chunks in chunks.items():
-      for chunk in role_chunks:
+      for index, chunk in enumerate(role_chunks):
         tokens += int(chunk["attention_mask"].sum())
         grads, value, parts = step_lib.accumulate(
           grads,
           self.trainable,
           self.frozen,
           self._place(chunk),
+          self._dropout_key(*update_id, role, index),
           policies=self.policies,
           role=role,
           method=self.loss_method,
@@ -330,15 +345,20 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
       writer.add_scalar(name.lstrip("/"), value, entry["step"])
     writer.flush()
 
-  def evaluate_and_track(step: int) -> dict[str, float]:
+  def evaluate_and_track(step: int) -> dict[str, float] | None:
+    """Evaluates; the result competes for the best step (and counts for patience) unless it is the
+    untrained model's of a training run under `train.select_initial=False` (the reference's
+    selection, whose first evaluation is after step `eval_every`): that one is only logged."""
     metrics = trainer.evaluate(step)
     s = trainer.state
+    log({"step": step, "eval": metrics})
+    if step == 0 and steps > 0 and not c.select_initial:
+      return None
     if s["best"] is None or metrics[BEST_METRIC] > s["best"]:
       s.update(best=metrics[BEST_METRIC], best_step=step, bad_evals=0)
     else:
       s["bad_evals"] += 1
     s["stopped"] = steps > 0 and s["bad_evals"] >= c.patience and step >= c.min_steps
-    log({"step": step, "eval": metrics})
     return {BEST_METRIC: metrics[BEST_METRIC]}
 
   if start < 0:

@@ -11,6 +11,11 @@ reference policy. Adapter factors are `LoRAParam` variables, not `nnx.Param`, so
 `nnx.state(model, nnx.Param)`, `lm.sharding` and `lm.save_hf` see the backbone only and
 `nnx.state(view, LoRAParam)` is exactly the trainable state. `merge` folds an adapter into the
 weights for export through `lm.save_hf`.
+
+Dropout (PEFT's `lora_dropout`) acts on the adapter's input only: x·W + (α/R)·(dropout(x)·A)·B.
+`with_dropout(view, rate, key)` is a view for one training loss computation, with an explicit key;
+every other view (sampling, evaluation, the reference) has none and runs the adapter
+deterministically, exactly as without the option.
 """
 
 from __future__ import annotations
@@ -94,6 +99,44 @@ def with_adapter(model: Qwen, adapter: Adapter | None) -> Qwen:
   """
   view = copy.copy(model)
   view.lora = adapter
+  return view
+
+
+class DropoutAdapter:
+  """An `Adapter` seen through inverted dropout on its input, for one loss computation.
+
+  `weights()` adds, per targeted projection, a keep probability [L] and one PRNG key per layer
+  (`<weight>_lora_key` [L, 2], raw key data) that `lm.model.project` reads; the projections' keys
+  are folded from `key` by their order in `PROJECTIONS`, so q, k and v draw independent masks
+  although they share an input, as PEFT's per-module dropout does. Not an nnx module: it exists
+  only inside the traced loss function that made it.
+  """
+
+  def __init__(self, adapter: Adapter, rate: float, key: jax.Array):
+    if not 0.0 < rate < 1.0:
+      raise ValueError(f"LoRA dropout rate must be in (0, 1), got {rate}")
+    self.adapter, self.rate, self.key = adapter, float(rate), key
+
+  def weights(self) -> dict[str, jax.Array]:
+    out = self.adapter.weights()
+    for index, (name, _, _) in enumerate(PROJECTIONS.values()):
+      if f"{name}_lora_a" not in out:
+        continue
+      layers = out[f"{name}_lora_a"].shape[0]
+      keys = jax.random.split(jax.random.fold_in(self.key, index), layers)
+      out[f"{name}_lora_key"] = jax.random.key_data(keys)  # [L, 2]
+      out[f"{name}_lora_keep"] = jnp.full((layers,), 1.0 - self.rate, jnp.float32)
+    return out
+
+
+def with_dropout(model: Qwen, rate: float, key: jax.Array | None) -> Qwen:
+  """A view of `model` whose adapter's input is dropped out at `rate` with `key` (a typed PRNG
+  key); `model` itself when it has no adapter, `rate` is 0 or `key` is None, so the no-dropout
+  path is today's program, bit for bit. Build it inside the traced function that uses it."""
+  if model.lora is None or rate == 0.0 or key is None:
+    return model
+  view = copy.copy(model)
+  view.lora = DropoutAdapter(model.lora, rate, key)
   return view
 
 

@@ -397,7 +397,9 @@ def project(spec: str, x: Array, w: dict[str, Array], name: str, dtype: Any) -> 
   """`einsum(spec, x, w[name])`, plus the low-rank LoRA update when `w` holds `<name>_lora_a/_b`.
 
   The adapter factors split the weight's axes: A [in axes..., R] and B [R, out axes...] (B already
-  scaled by alpha / rank), so x·W + (x·A)·B needs no reshape of any weight (see `lm.lora`).
+  scaled by alpha / rank), so x·W + (x·A)·B needs no reshape of any weight (see `lm.lora`). When
+  `w` also holds `<name>_lora_keep` and `<name>_lora_key` (`lm.lora.with_dropout`, training losses
+  only), the adapter reads inverted dropout of x: x·W + (mask·x/keep·A)·B, mask ~ Bernoulli(keep).
   """
   out = jnp.einsum(spec, x, w[name].astype(dtype))
   if name + "_lora_a" not in w:
@@ -407,6 +409,10 @@ def project(spec: str, x: Array, w: dict[str, Array], name: str, dtype: Any) -> 
   kept = "".join(a for a in x_axes if a not in w_axes)  # the batch / sequence axes ("bt")
   contracted = "".join(a for a in w_axes if a in x_axes)
   produced = "".join(a for a in w_axes if a not in x_axes)
+  if name + "_lora_keep" in w:
+    keep = w[name + "_lora_keep"]
+    mask = jax.random.bernoulli(jax.random.wrap_key_data(w[name + "_lora_key"]), keep, x.shape)
+    x = jnp.where(mask, x.astype(jnp.float32) / keep, 0.0).astype(x.dtype)  # scale in f32, like torch
   low = jnp.einsum(f"{x_axes},{contracted}r->{kept}r", x, w[name + "_lora_a"].astype(dtype))
   return out + jnp.einsum(f"{kept}r,r{produced}->{out_axes}", low, w[name + "_lora_b"].astype(dtype))
 

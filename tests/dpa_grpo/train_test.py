@@ -188,3 +188,22 @@ def test_optimiser_updates_per_training_step(tmp_path, monkeypatch, schedule, up
   assert counts and all(n == updates for n in counts)  # AdamW's step counter
   records = list(rundir.read_jsonl(os.path.join(tmp_path, "records", "train.jsonl")))
   assert len(records) == 3  # one unit per case
+
+
+@pytest.mark.parametrize("select_initial, best_step, stopped", [(True, 0, True), (False, 2, False)])
+def test_the_initial_evaluation_competes_for_best_only_when_selected(
+  tmp_path, monkeypatch, select_initial, best_step, stopped
+):
+  """Scripted accuracies 0.9 (before training), 0.2, 0.3, 0.1: counted, the untrained model stays
+  best and two evaluations without improvement stop the run at step 2; not counted (the
+  reference's selection), step 2 is best and patience has seen one bad evaluation at the end."""
+  c = dpa_config.get_config("tiny")
+  c.train.update(steps=3, eval_every=1, patience=2, checkpoint_every=1, select_initial=select_initial)
+  config = ExperimentConfig.from_dict(c.to_dict())
+  scripted = {0: 0.9, 1: 0.2, 2: 0.3, 3: 0.1}
+  monkeypatch.setattr(train.Trainer, "evaluate", lambda self, step: {"accuracy": scripted[step]})
+  monkeypatch.setattr(train.Trainer, "train_step", lambda self, step: {"step": step})
+  summary = train.run(config, str(tmp_path))
+  assert summary["best_step"] == best_step and summary["stopped_early"] == stopped
+  assert summary["before"] == {"accuracy": 0.9}  # logged either way
+  assert summary["last_step"] == (2 if stopped else 3)
