@@ -76,6 +76,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       missing_as_zero=False,  # the reference evaluator reads a missing amount as 0.0
       context="submitted",  # later lines show the submitted amount, or (reference) the draft x
       group_carry="first",  # generator-only: the draft carried to later lines (reference: best)
+      unparsed_revision="missing",  # or "keep_draft": S_z = 0 and a REVISE on it submits x
     )
   )
   # DPA-GRPO loss (dpa_grpo.losses): β, KL estimator (k1 = the reference code; k3; exact), weighting
@@ -97,6 +98,14 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       case_weights=False,
       revision_weight=0.0,
       skip_verifier_on_invalid_draft=False,
+      balance_strength=1.5,  # shaped rewards only: REVISE bonus strength · max(target − share, 0)
+      balance_target=0.3,
+      case_weight_by="case",  # or "case_id": the reference's integer ids (5a/5b, 6a/6b merged)
+      case_weight_power=1.0,
+      skip_decision_on_invalid_revision=False,
+      aggregate="mean",  # or "sum": each group's loss ÷ its size summed over the units (reference)
+      verifier_weight=1.0,
+      revision_filter=False,  # True: only parsed revisions, and only groups with contrast, train
     )
   )
   # Generator-only methods, each with its own settings (defaults: its paper's — GRPO, Shao et al.
@@ -149,6 +158,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       update_every="step",  # or "case": one AdamW update per case (the reference)
       eval_cases=0,  # evaluate / select on the first n test cases (0: all; the reference: 8)
       min_steps=0,  # no early stop before this step (the reference: 10)
+      select_initial=True,  # the step-0 evaluation may be chosen as best (reference: False)
     )
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
