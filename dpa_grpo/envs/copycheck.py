@@ -10,9 +10,9 @@ same prompts and parser) but makes every role's job learnable:
   line 12   = a hidden amount  the control: one of two amounts chosen by a coin the input does not
                                show, so no role can check it (a draft is right half the time).
 
-Amounts have three digits, the two W-2 boxes always differ (and never show a control amount), so
-a draft of the wrong box is a plausible, well-formed mistake that only a comparison with the input
-reveals (not its length).
+Amounts have three digits, each W-2 box from its own small pool (`BOX_POOLS`, never a control
+amount); a careless draft writes another value of the same pool (`confusion`), a plausible,
+well-formed mistake that only a comparison with the input reveals (not its length or its kind).
 
 Each case also names a `desk` ("north" or "south"): a field no line depends on. It is how the warm
 start gives the preparer a habit tied to something it can see (`habit`): a role that errs at
@@ -38,7 +38,12 @@ DESKS = ("north", "south")
 # (`WarmStartConfig.draft_wrong`): with 0.45, north drafts 72% and south 18% of lines wrong.
 DESK_HABIT = {"north": 1.6, "south": 0.4}
 _FIELDS = {"1a": ("box1", "W-2 box 1"), "25d": ("box2", "W-2 box 2")}
-_BOX_VALUES = [v for v in range(100, 1000) if v not in CONTROL_AMOUNTS]  # the control stays unquoted
+# W-2 amounts: each box from its own pool of four three-digit values with distinct leading digits
+# (none starts like a control amount). Measured on the 2-layer model: with any three-digit amount,
+# 600 warm-start steps taught it no copying (P(x right) = 0 on both copy lines); with one pool of
+# eight values for both boxes, it learned the values but not which box holds which (P(x right)
+# 0.12 and 0.08, a guess). With a pool per box, finding the field is finding the value of its pool.
+BOX_POOLS = {"box1": (245, 380, 415, 560), "box2": (675, 730, 825, 960)}
 
 
 def is_copycheck(case: taxcalc.TaxCase) -> bool:
@@ -46,7 +51,7 @@ def is_copycheck(case: taxcalc.TaxCase) -> bool:
 
 
 def _case(case_id: str, rng: random.Random) -> taxcalc.TaxCase:
-  box1, box2 = rng.sample(_BOX_VALUES, 2)
+  box1, box2 = rng.choice(BOX_POOLS["box1"]), rng.choice(BOX_POOLS["box2"])
   forms = {"desk": rng.choice(DESKS), "w2": {"box1": box1, "box2": box2}}
   gold = dict.fromkeys(taxcalc.LINE_IDS, 0.0)
   gold.update({"1a": float(box1), "25d": float(box2), CONTROL_LINE: float(rng.choice(CONTROL_AMOUNTS))})
@@ -69,15 +74,16 @@ def field_of(line_id: str) -> tuple[str, str] | None:
 
 
 def confusion(case: taxcalc.TaxCase, line_id: str) -> float:
-  """The wrong amount a careless preparer writes: the other W-2 box on a copy line, the other
-  hidden amount on the control line. Never the gold."""
+  """The wrong amount a careless preparer writes: on a copy line the next value of the field's
+  pool (a misread row: the same kind of amount, so only a comparison with the field catches it),
+  on the control line the other hidden amount. Never the gold."""
   if line_id == CONTROL_LINE:
     a, b = CONTROL_AMOUNTS
     return float(b if case.gold[line_id] == a else a)
   if line_id not in _FIELDS:
     raise ValueError(f"copy-and-check cases have lines {LINES}, got {line_id!r}")
-  other = "25d" if line_id == "1a" else "1a"
-  return case.gold[other]
+  pool = BOX_POOLS[_FIELDS[line_id][0]]
+  return float(pool[(pool.index(int(case.gold[line_id])) + 1) % len(pool)])
 
 
 def habit(case: taxcalc.TaxCase) -> float:
