@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import testbed
+from dpa_grpo import testbed, testbed_theory
 from lm import rundir, stats
 from lm.plotting import plt
 
@@ -191,6 +191,25 @@ def write(
   if runs:
     summary["figures"] = _figures(runs, os.path.join(workdir, "figures"))
     md += ["", "![accuracy](figures/accuracy.png)", "![cases](figures/cases.png)"]
+  ode = testbed_theory.for_workdir(workdir, config, "dpa_k1", seeds)
+  if ode is not None:
+    summary["ode_out_of_sample"] = ode
+    rows = [
+      f"- seed {s}: ODE RMS error {r['ode_rmse']:.3f}, step-0 predictor {r['step0_rmse']:.3f}"
+      for s, r in ode["seeds"].items()
+    ]
+    md += [
+      "",
+      "The ODE out of sample (`dpa_grpo.testbed_theory`; DPA-GRPO, reference loss): game per line from "
+      "the step-0 gate rollout (the control line's verifier and generator pooled over correctness), "
+      f"generator clock over SAC'd units, κ = {ode['kappa']:.3g} fitted on seed 0 only (in-sample RMS "
+      f"{ode['fit_rmse']:.3f}); predicted case-rate trajectories of the training rollouts, RMS over the "
+      "8 rates and every window of steps:",
+      "",
+      *rows,
+      "",
+      "![ODE out of sample](figures/ode_out_of_sample.png)",
+    ]
   theory_dir = os.path.join(workdir, "theory")  # scripts/main.sh writes the theory figures there
   if os.path.isdir(theory_dir):
     pngs = sorted(f for f in os.listdir(theory_dir) if f.endswith(".png"))
