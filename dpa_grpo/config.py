@@ -291,6 +291,8 @@ class WarmStartConfig:
       sometimes; 0: every draft target is the gold answer.
     verify_flip: share of verifier targets whose verdict is flipped (an imperfect reviewer).
     revise_wrong: share of revision targets replaced by a plausible wrong amount.
+    verify_pairs: every unit gives the verifier both a right and a wrong proposal (a contrastive
+      pair on one prompt) instead of one of them (`wrong_fraction`); off: the stream as before.
   """
 
   steps: int = 300
@@ -303,6 +305,7 @@ class WarmStartConfig:
   draft_wrong: float = 0.0
   verify_flip: float = 0.0
   revise_wrong: float = 0.0
+  verify_pairs: bool = False
 
   def __post_init__(self):
     for name in ("draft_wrong", "verify_flip", "revise_wrong"):

@@ -94,11 +94,17 @@ def arm_config(config: config_lib.ExperimentConfig, arm: Arm, seed: int, checkpo
   )
 
 
+# The rollout fields the warm start's examples and task tokenizer read (`rollout.gold_episodes`,
+# `RolloutConfig.answer`); sampling settings do not change what it trains on.
+_WARM_START_ROLLOUT_KEYS = ("lines", "answer_format", "compact_forms", "enable_thinking")
+
+
 def warm_start_key(config: config_lib.ExperimentConfig) -> str:
   """A short hash of everything the warm start reads (model, data, rollout style, its own knobs):
   equal keys share one warm-start directory."""
   d = config.to_dict()
-  parts = {k: d[k] for k in ("model", "data", "rollout", "warm_start", "mesh")}
+  parts = {k: d[k] for k in ("model", "data", "warm_start", "mesh")}
+  parts["rollout"] = {k: d["rollout"][k] for k in _WARM_START_ROLLOUT_KEYS}
   parts["seed"], parts["vocab_chunk"] = d["seed"], d["loss"]["vocab_chunk"]
   text = json.dumps(parts, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]

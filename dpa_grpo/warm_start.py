@@ -9,7 +9,8 @@ some of its content:
   draft     line prompt (earlier lines drafted correctly)      -> the gold line answer
             (a wrong one with probability `draft_wrong`)
   verify    verifier prompt with a right or a corrupted answer -> "correct", or "wrong" + the SAC
-            (the verdict flipped with probability `verify_flip`)
+            (the verdict flipped with probability `verify_flip`; with `verify_pairs`, both a right
+            and a wrong answer on every prompt)
   revise    revision prompt after a corrupted answer           -> the gold line answer
             (the corrupted one again with probability `revise_wrong`)
   decide    decision prompt with a (proposal, revision) pair   -> REVISE iff only the revision is
@@ -112,10 +113,11 @@ def examples(
       wrong = answer(copycheck.confusion(case, line_id))
     sac = setup.reviewer_sac(case, line_id)
     add("draft", prompt, wrong if chance(config.draft_wrong * copycheck.habit(case)) else right)
-    proposal_wrong = rng.random() < config.wrong_fraction
-    verdict = "wrong" if proposal_wrong != chance(config.verify_flip) else "correct"
-    reply = game.render_verifier_reply(verdict, sac if verdict == "wrong" else None)
-    add("verify", game.verifier_prompt(prompt, wrong if proposal_wrong else right), reply)
+    shown = (False, True) if config.verify_pairs else (rng.random() < config.wrong_fraction,)
+    for proposal_wrong in shown:
+      verdict = "wrong" if proposal_wrong != chance(config.verify_flip) else "correct"
+      reply = game.render_verifier_reply(verdict, sac if verdict == "wrong" else None)
+      add("verify", game.verifier_prompt(prompt, wrong if proposal_wrong else right), reply)
     add("revise", game.revision_prompt(prompt, wrong, sac), wrong if chance(config.revise_wrong) else right)
     x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
     proposal = right if x_right else wrong

@@ -79,6 +79,9 @@ def test_warm_start_key_follows_what_the_warm_start_reads():
   key = testbed.warm_start_key(ExperimentConfig.from_dict(base.to_dict()))
   same = base.to_dict() | {"train": dict(base.train.to_dict(), steps=99), "compare": ("grpo",)}
   assert testbed.warm_start_key(ExperimentConfig.from_dict(same)) == key
+  sampling = base.to_dict()
+  sampling["rollout"] = dict(sampling["rollout"], temperature=0.3, verdict_tokens=7)
+  assert testbed.warm_start_key(ExperimentConfig.from_dict(sampling)) == key
   other = base.to_dict()
   other["warm_start"] = dict(other["warm_start"], draft_wrong=0.3)
   assert testbed.warm_start_key(ExperimentConfig.from_dict(other)) != key

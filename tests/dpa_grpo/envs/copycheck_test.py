@@ -147,3 +147,17 @@ def test_zero_knobs_keep_the_forms_warm_start_stream(tmp_path):
     _, z_right = rng.random() < 0.5, rng.random() < 0.5
     if not z_right:
       warm_start.corrupt(gold, rng)
+
+
+def test_verify_pairs_show_every_prompt_with_a_right_and_a_wrong_answer(tmp_path):
+  cases, cfg, tokenizer, examples = _examples(tmp_path, verify_pairs=True, seed=3)
+  units = _units(cases, cfg)
+  assert len(examples["verify"]) == 2 * len(units) and len(examples["draft"]) == len(units)
+  for i, (case, line_id) in enumerate(units):
+    pair = examples["verify"][2 * i : 2 * i + 2]
+    shown = [tokenizer.decode(p).split("The preparer answered:\n", 1)[1] for p, _ in pair]
+    proposals = [text.split("\n", 1)[0] for text in shown]
+    amounts = [taxcalc.parse_line_answer(p, line_id).value for p in proposals]
+    assert amounts == [case.gold[line_id], copycheck.confusion(case, line_id)]
+    verdicts = [game.parse_verifier_reply(tokenizer.decode(c[:-1])).action for _, c in pair]
+    assert verdicts == [game.NS, game.SAC_ACTION]  # verify_flip 0: the true labels
