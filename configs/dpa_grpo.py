@@ -2,6 +2,7 @@
 
 Presets (`--config=configs/dpa_grpo.py:<preset>`):
   cpu (default)   tiny Qwen3-style model on synthetic TY24 forms, LoRA, CPU-sized everything
+  testbed         the same model on copy-and-check cases (launch/dpa_testbed.py: arms x seeds)
   tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
   qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
   qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
@@ -13,7 +14,7 @@ Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.da
 import ml_collections
 
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
-_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b")
+_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed")
 
 
 def parse_preset(preset: str) -> tuple[str, str]:
@@ -217,6 +218,8 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tp=1))
     _reference_training(c)
+  if size == "testbed":
+    _testbed(c)
   if method == "zero_shot":
     c.train.steps = 0
   return c
@@ -262,3 +265,42 @@ def get_sweep(h):
   return h.product(
     [h.sweep("config.loss.kl", ["k1", "k3", "exact"]), h.sweep("config.loss.beta", [0.01, 0.04, 0.16])]
   )
+
+
+def _testbed(c: ml_collections.ConfigDict) -> None:
+  """The copy-and-check testbed (dpa_grpo.envs.copycheck, launch/dpa_testbed.py): every role can
+  learn its job, and the warm start leaves each of them room to move (docs/dpa_grpo.md, testbed).
+
+  324 cases: 270 train, 54 test (x 3 lines = 162 held-out units); a separate validation draw plays
+  the step-0 gates. Sampling at temperature 1.0, so the sampled drafts carry the warm start's own
+  error rate (at the paper's 0.2 a group of drafts almost always ties).
+  """
+  c.model.tokenizer_vocab = 512
+  c.model.overrides = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1)
+  c.data.synthetic = dict(n=324, seed=0, difficulty=0, family="copycheck")
+  c.data.test_fraction = 1 / 6
+  c.data.batch_cases = 8
+  c.rollout.update(
+    lines=("1a", "25d", "12"),
+    compact_forms=True,
+    temperature=0.7,
+    top_p=1.0,
+    max_new_tokens=16,
+    verdict_tokens=96,  # 48 cut the SAC short (measured: 70 of 180 step-0 SACs lacked their fields)
+    decision_tokens=10,
+    revisions=3,
+    group_size=4,
+  )
+  c.warm_start.update(
+    steps=2000,  # 600 taught the lookup only partly; 1500 left the verifier weak (SAC gap 0.06)
+    batch_size=16,
+    learning_rate=1e-2,
+    draft_wrong=0.45,  # x copycheck.habit: north desk 0.72, south 0.18 of draft targets wrong
+    verify_flip=0.25,
+    verify_pairs=True,  # one answer per prompt left the verifier blind (SAC gap -0.09, measured)
+    revise_wrong=0.45,  # 0.4 gave P(z right | x wrong) 0.65, 0.5 gave 0.20: outside its gate
+  )
+  c.optim.lr = 1e-3
+  c.lora.update(rank=8, alpha=16.0)
+  c.loss.vocab_chunk = 512
+  c.train.update(steps=15, eval_every=5, patience=100, checkpoint_every=5, pairs_per_chunk=32)

@@ -30,6 +30,7 @@ CASE_CLASSES = ("case", "case_id")
 AGGREGATES = ("mean", "sum")
 UPDATE_SCHEDULES = ("step", "case")
 BASELINE_MODES = ("library", "reference")
+FAMILIES = ("forms", "copycheck")
 
 
 def build(cls, values: Mapping[str, Any], where: str):
@@ -66,15 +67,19 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SyntheticConfig:
-  """Synthetic forms (`dpa_grpo.envs.forms.generate_cases`)."""
+  """Synthetic cases: `family` "forms" (TY24 forms, `dpa_grpo.envs.forms.generate_cases`, of
+  `difficulty`) or "copycheck" (copy-and-check cases, `dpa_grpo.envs.copycheck`)."""
 
   n: int = 50
   seed: int = 0
   difficulty: int = 0
+  family: str = "forms"
 
   def __post_init__(self):
     if self.n <= 0:
       raise ValueError(f"data.synthetic.n must be > 0, got {self.n}")
+    if self.family not in FAMILIES:
+      raise ValueError(f"data.synthetic.family must be one of {FAMILIES}, got {self.family!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -317,6 +322,13 @@ class WarmStartConfig:
     wrong_fraction: share of verifier examples whose proposal is corrupted.
     turns: which turns get examples (see `dpa_grpo.warm_start`).
     seed: example sampling, corruption and batch order.
+    draft_wrong: share of draft targets replaced by a plausible wrong amount (times the case's
+      `copycheck.habit` on copy-and-check cases), so the warm-started generator drafts wrong
+      sometimes; 0: every draft target is the gold answer.
+    verify_flip: share of verifier targets whose verdict is flipped (an imperfect reviewer).
+    revise_wrong: share of revision targets replaced by a plausible wrong amount.
+    verify_pairs: every unit gives the verifier both a right and a wrong proposal (a contrastive
+      pair on one prompt) instead of one of them (`wrong_fraction`); off: the stream as before.
   """
 
   steps: int = 300
@@ -326,8 +338,15 @@ class WarmStartConfig:
   wrong_fraction: float = 0.5
   turns: tuple[str, ...] = TURNS
   seed: int = 0
+  draft_wrong: float = 0.0
+  verify_flip: float = 0.0
+  revise_wrong: float = 0.0
+  verify_pairs: bool = False
 
   def __post_init__(self):
+    for name in ("draft_wrong", "verify_flip", "revise_wrong"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ValueError(f"warm_start.{name} must be in [0, 1], got {getattr(self, name)}")
     unknown = set(self.turns) - set(TURNS)
     if unknown:
       raise ValueError(f"warm-start turns must be among {TURNS}, got {sorted(unknown)}")

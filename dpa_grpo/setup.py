@@ -15,7 +15,7 @@ from flax import nnx
 
 from dpa_grpo import config as config_lib
 from dpa_grpo import game, rollout
-from dpa_grpo.envs import forms, taxcalc
+from dpa_grpo.envs import copycheck, forms, taxcalc
 from lm import hf
 from lm import sharding as sharding_lib
 from lm import tokenizer as tokenizer_lib
@@ -27,13 +27,22 @@ TEMPLATE_SAC = game.SAC("the amount is wrong", "it does not follow the form", "t
 
 
 def load_data(data: config_lib.DataConfig) -> tuple[list[taxcalc.TaxCase], list[taxcalc.TaxCase]]:
-  """(train, test) cases: the benchmark at `data.root`, else synthetic forms; split by seed."""
+  """(train, test) cases: the benchmark at `data.root`, else synthetic cases of
+  `data.synthetic.family`; split by seed."""
   if data.root:
     cases = taxcalc.load_cases(data.root)
+  elif data.synthetic.family == "copycheck":
+    cases = copycheck.generate_cases(data.synthetic.n, seed=data.synthetic.seed)
   else:
     syn = data.synthetic
     cases = forms.generate_cases(syn.n, seed=syn.seed, difficulty=syn.difficulty)
   return taxcalc.split_cases(cases, data.test_fraction, data.split_seed)
+
+
+def reviewer_sac(case: taxcalc.TaxCase, line_id: str) -> game.SAC:
+  """The SAC of every warm-start "wrong" verdict: the family's own (its Evidence quotes the input
+  field) on copy-and-check cases, the fixed template elsewhere."""
+  return copycheck.sac(case, line_id) if copycheck.is_copycheck(case) else TEMPLATE_SAC
 
 
 def task_tokenizer(
@@ -46,12 +55,13 @@ def task_tokenizer(
   corpus = list(game.VERIFIER_PAIR + game.GENERATOR_PAIR)
   for case, line_id, prompt in rollout.gold_episodes(cases, cfg):
     answer = cfg.answer(line_id, case.gold[line_id], EXPLANATION)
+    sac = reviewer_sac(case, line_id)
     corpus += [
       prompt,
       answer,
       game.verifier_prompt(prompt, answer),
-      game.render_verifier_reply("wrong", TEMPLATE_SAC),
-      game.decision_prompt(prompt, answer, TEMPLATE_SAC, answer),
+      game.render_verifier_reply("wrong", sac),
+      game.decision_prompt(prompt, answer, sac, answer),
     ]
   return tokenizer_lib.train_bpe_tokenizer(path, corpus, vocab_size=vocab_size, split_digits=True)
 

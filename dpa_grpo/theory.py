@@ -65,6 +65,11 @@ class Game:
   verifier_ref: tuple[float, float] = (0.06, 0.34)  # P_ref(SAC | S_x = 0), P_ref(SAC | S_x = 1)
   generator_ref: float = 0.5  # P_ref(REVISE) in every generator state
   generator_sees_revision: bool = True
+  # Whether the roles' information states include correctness. True: the verifier acts per S_x
+  # (and the generator per S_x, S_z). False: a unit no role can check (a control line whose answer
+  # the input does not show) — the verifier acts on one state (coordinate 0; coordinate 1 is idle)
+  # and so does the generator (its first coordinate).
+  observes_correctness: bool = True
 
   def __post_init__(self):
     probs = {"p_x_right": self.p_x_right, "generator_ref": self.generator_ref}
@@ -91,7 +96,13 @@ class Game:
 
   def generator_state(self, s_x, s_z):
     """Index of the generator's information state (works on ints and arrays)."""
+    if not self.observes_correctness:
+      return 0 * s_x
     return 2 * s_x + s_z if self.generator_sees_revision else s_x
+
+  def verifier_state(self, s_x):
+    """Index of the verifier's information state: S_x, or 0 when it cannot observe correctness."""
+    return s_x if self.observes_correctness else 0 * s_x
 
   def state_names(self) -> list[str]:
     """One readable name per coordinate of θ."""
@@ -147,8 +158,8 @@ def _unit_loss(theta, s_x, s_z, sac, game: Game, beta, kl: str, weighting: str):
   g = 2 + game.generator_state(s_x, s_z)
   loss_fn = functools.partial(losses.paired_loss, beta=beta, kl=kl, weighting=weighting)
   loss_v, _ = loss_fn(
-    _pair_logp(theta[s_x])[None],
-    _pair_logp(theta_ref[s_x])[None],
+    _pair_logp(theta[game.verifier_state(s_x)])[None],
+    _pair_logp(theta_ref[game.verifier_state(s_x)])[None],
     jnp.asarray(verifier_rewards, theta.dtype)[unit][None],
   )
   loss_g, _ = loss_fn(
@@ -170,7 +181,7 @@ def _outcome_table(game: Game):
 def sac_rate(theta: jax.Array, game: Game) -> jax.Array:
   """P_θ(SAC): the marginal probability that the verifier raises a SAC on a unit."""
   p_x = jnp.asarray([1.0 - game.p_x_right, game.p_x_right], theta.dtype)
-  return jnp.sum(p_x * jax.nn.sigmoid(theta[:2]))
+  return jnp.sum(p_x * jax.nn.sigmoid(theta[game.verifier_state(np.array([0, 1]))]))
 
 
 def _averaging_scale(theta: jax.Array, game: Game, averaging: str) -> jax.Array:
@@ -192,7 +203,7 @@ def vector_field(
   """F(θ) = −Σ_o P_θ(o) ∇_θ L(o; θ), by `jax.grad` of the training loss; under
   averaging="sac_units" the generator's rows divided by P_θ(SAC).  # [dim] -> [dim]"""
   s_x, s_z, sac, prior = _outcome_table(game)
-  p_sac = jax.nn.sigmoid(theta[s_x])  # [8]
+  p_sac = jax.nn.sigmoid(theta[game.verifier_state(s_x)])  # [8]
   weight = jax.lax.stop_gradient(jnp.asarray(prior, theta.dtype) * jnp.where(sac == 1, p_sac, 1.0 - p_sac))
 
   def expected_loss(t):
@@ -318,7 +329,7 @@ def stochastic_approximation(
     k_type, k_sac = jax.random.split(k)
     unit = jax.random.choice(k_type, 4, p=jnp.asarray(prior, theta.dtype))
     s_x, s_z = s_x_of[unit], s_z_of[unit]
-    sac = jax.random.bernoulli(k_sac, jax.nn.sigmoid(theta[s_x])).astype(jnp.int32)
+    sac = jax.random.bernoulli(k_sac, jax.nn.sigmoid(theta[game.verifier_state(s_x)])).astype(jnp.int32)
     scale = _averaging_scale(theta, game, averaging)  # "sac_units": the generator step / P(SAC)
     return theta - step_sizes(n, a0, n0, kappa) * scale * grad(theta, s_x, s_z, sac), None
 
@@ -593,7 +604,7 @@ def case_probabilities(game: Game, theta: jax.Array) -> jax.Array:
   s_x, s_z, a_v, a_g, case = _full_outcomes(game)
   p_z = np.asarray(game.p_z_right)[s_x]
   prior = np.where(s_x == 1, game.p_x_right, 1 - game.p_x_right) * np.where(s_z == 1, p_z, 1 - p_z)  # [16]
-  p_v = jax.nn.sigmoid(theta[..., s_x])  # [..., 16]
+  p_v = jax.nn.sigmoid(theta[..., game.verifier_state(s_x)])  # [..., 16]
   p_g = jax.nn.sigmoid(theta[..., 2 + game.generator_state(s_x, s_z)])  # [..., 16]
   generator = jnp.where(a_v == 1, jnp.where(a_g == 1, p_g, 1 - p_g), 0.5)  # NS: both a_g rows, half each
   weight = prior * jnp.where(a_v == 1, p_v, 1 - p_v) * generator  # [..., 16]

@@ -7,16 +7,26 @@ the *training* cases (never the test split) that teaches each turn of an episode
 some of its content:
 
   draft     line prompt (earlier lines drafted correctly)      -> the gold line answer
+            (a wrong one with probability `draft_wrong`)
   verify    verifier prompt with a right or a corrupted answer -> "correct", or "wrong" + the SAC
+            (the verdict flipped with probability `verify_flip`; with `verify_pairs`, both a right
+            and a wrong answer on every prompt)
   revise    revision prompt after a corrupted answer           -> the gold line answer
+            (the corrupted one again with probability `revise_wrong`)
   decide    decision prompt with a (proposal, revision) pair   -> REVISE iff only the revision is
             right, else KEEP (the oracle's label)
 
 Corrupted answers are what a weak preparer gets wrong: a digit changed, dropped or swapped, the
 amount off by a small or large margin, a zero where there is an amount and an amount where there
-is a zero. The stage is short on purpose (`WarmStartConfig.steps`): the roles come out able to
-play but far from right, which is the regime DPA-GRPO is about. The result is a plain HF
-checkpoint plus tokenizer directory, so the RL stage loads it like any real checkpoint.
+is a zero. On copy-and-check cases (`dpa_grpo.envs.copycheck`) the corrupted answer is the family's
+one consistent mistake (the other field), the SAC's Evidence quotes the input field, and the
+draft's error rate is scaled by the case's desk (`copycheck.habit`): random errors average out
+under greedy decoding, a habit tied to a visible field does not, so the warm-started roles keep
+room to improve in greedy evaluation too.
+
+The stage is short on purpose (`WarmStartConfig.steps`): the roles come out able to play but far
+from right, which is the regime DPA-GRPO is about. The result is a plain HF checkpoint plus
+tokenizer directory, so the RL stage loads it like any real checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from collections.abc import Sequence
 from dpa_grpo import config as config_lib
 from dpa_grpo import game, rollout, setup
 from dpa_grpo.config import TURNS, WarmStartConfig
-from dpa_grpo.envs import taxcalc
+from dpa_grpo.envs import copycheck, taxcalc
 from lm import hf, rundir, sft
 from lm import sharding as sharding_lib
 from lm import text as text_lib
@@ -92,23 +102,28 @@ def examples(
     if turn in out:
       out[turn].append((chat(prompt), tokenizer.encode(completion) + eos))
 
+  def chance(p: float) -> bool:  # draws only when p > 0, so zero knobs leave the stream as it was
+    return p > 0 and rng.random() < p
+
   for case, line_id, prompt in rollout.gold_episodes(cases, rollout_cfg):
     gold = case.gold[line_id]
     answer = lambda amount: rollout_cfg.answer(line_id, amount, EXPLANATION)  # noqa: B023
     right, wrong = answer(gold), answer(corrupt(gold, rng))
-    add("draft", prompt, right)
-    if rng.random() < config.wrong_fraction:
-      add("verify", game.verifier_prompt(prompt, wrong), game.render_verifier_reply("wrong", TEMPLATE_SAC))
-    else:
-      add("verify", game.verifier_prompt(prompt, right), game.render_verifier_reply("correct"))
-    add("revise", game.revision_prompt(prompt, wrong, TEMPLATE_SAC), right)
+    if copycheck.is_copycheck(case):  # one consistent mistake (the other field), which greedy keeps
+      wrong = answer(copycheck.confusion(case, line_id))
+    sac = setup.reviewer_sac(case, line_id)
+    add("draft", prompt, wrong if chance(config.draft_wrong * copycheck.habit(case)) else right)
+    shown = (False, True) if config.verify_pairs else (rng.random() < config.wrong_fraction,)
+    for proposal_wrong in shown:
+      verdict = "wrong" if proposal_wrong != chance(config.verify_flip) else "correct"
+      reply = game.render_verifier_reply(verdict, sac if verdict == "wrong" else None)
+      add("verify", game.verifier_prompt(prompt, wrong if proposal_wrong else right), reply)
+    add("revise", game.revision_prompt(prompt, wrong, sac), wrong if chance(config.revise_wrong) else right)
     x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
     proposal = right if x_right else wrong
     revision = right if z_right else answer(corrupt(gold, rng))
     revise = z_right and not x_right
-    add(
-      "decide", game.decision_prompt(prompt, proposal, TEMPLATE_SAC, revision), game.render_decision(revise)
-    )
+    add("decide", game.decision_prompt(prompt, proposal, sac, revision), game.render_decision(revise))
   return out
 
 

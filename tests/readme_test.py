@@ -33,6 +33,10 @@ COMMANDS = {
   "python -m launch.kace_table --workdir=runs/kace_table": _RUNS + "test_kace_build_and_table_smoke_runs",
   "python -m launch.kace_testbed --workdir=runs/kace_testbed":
     "tests/kace/testbed_pipeline_test.py::test_the_launcher_refuses_a_solver_that_fails_its_gates",
+  "python -m launch.dpa_testbed --workdir=runs/dpa_testbed":
+    "tests/dpa_grpo/testbed_test.py::test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size",
+  "python -m launch.dpa_testbed":
+    "tests/dpa_grpo/testbed_test.py::test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size",
   "python -m launch.dpa_grpo --workdir=runs/dpa_grpo":
     _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
   "python -m launch.dpa_grpo": _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",

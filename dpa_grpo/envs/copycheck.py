@@ -1,0 +1,115 @@
+"""Copy-and-check cases: a tax-form task a tiny model can draft, check and revise.
+
+The synthetic TY24 forms (`dpa_grpo.envs.forms`) need arithmetic and tax tables a 2-layer model
+cannot learn at CPU scale, so their verifier can only guess and their revisions are almost never
+right. This family keeps the game and the case layout (`taxcalc.TaxCase`, Form 1040 line ids, the
+same prompts and parser) but makes every role's job learnable:
+
+  line 1a   = W-2 box 1        a copy: the verifier can check a draft against the field, a SAC's
+  line 25d  = W-2 box 2        Evidence quotes it ("W-2 box 1 = 532"), a revision can copy it;
+  line 12   = a hidden amount  the control: one of two amounts chosen by a coin the input does not
+                               show, so no role can check it (a draft is right half the time).
+
+Amounts have three digits, each W-2 box from its own small pool (`BOX_POOLS`, never a control
+amount); a careless draft writes another value of the same pool (`confusion`), a plausible,
+well-formed mistake that only a comparison with the input reveals (not its length or its kind).
+
+Each case also names a `desk` ("north" or "south"): a field no line depends on. It is how the warm
+start gives the preparer a habit tied to something it can see (`habit`): a role that errs at
+random errs with the mode of its training targets, which greedy decoding always gets right, while
+a habit tied to a visible field survives greedy decoding and leaves training something to fix.
+
+Pure Python; `generate_cases` is deterministic in (n, seed, split).
+"""
+
+from __future__ import annotations
+
+import random
+
+from dpa_grpo import game
+from dpa_grpo.envs import taxcalc
+
+FAMILY = "copycheck"
+LINES = ("1a", "25d", "12")  # drafting order: the two copy lines, then the control
+CONTROL_LINE = "12"
+CONTROL_AMOUNTS = (146, 195)  # line 12: one of these, by a coin the input does not show
+DESKS = ("north", "south")
+# How often each desk's warm-start preparer errs, relative to the configured rate
+# (`WarmStartConfig.draft_wrong`): with 0.45, north drafts 72% and south 18% of lines wrong.
+DESK_HABIT = {"north": 1.6, "south": 0.4}
+_FIELDS = {"1a": ("box1", "W-2 box 1"), "25d": ("box2", "W-2 box 2")}
+# W-2 amounts: each box from its own pool of four three-digit values with distinct leading digits
+# (none starts like a control amount). Measured on the 2-layer model: with any three-digit amount,
+# 600 warm-start steps taught it no copying (P(x right) = 0 on both copy lines); with one pool of
+# eight values for both boxes, it learned the values but not which box holds which (P(x right)
+# 0.12 and 0.08, a guess). With a pool per box, finding the field is finding the value of its pool.
+BOX_POOLS = {"box1": (245, 380, 415, 560), "box2": (675, 730, 825, 960)}
+
+
+def is_copycheck(case: taxcalc.TaxCase) -> bool:
+  return case.case_id.startswith(FAMILY + "-")
+
+
+def _case(case_id: str, rng: random.Random) -> taxcalc.TaxCase:
+  box1, box2 = rng.choice(BOX_POOLS["box1"]), rng.choice(BOX_POOLS["box2"])
+  forms = {"desk": rng.choice(DESKS), "w2": {"box1": box1, "box2": box2}}
+  gold = dict.fromkeys(taxcalc.LINE_IDS, 0.0)
+  gold.update({"1a": float(box1), "25d": float(box2), CONTROL_LINE: float(rng.choice(CONTROL_AMOUNTS))})
+  return taxcalc.TaxCase(case_id=case_id, forms=forms, gold=gold)
+
+
+def generate_cases(n: int, seed: int = 0, split: str = "all") -> list[taxcalc.TaxCase]:
+  """`n` cases, the same for the same (seed, split); case `i` has its own generator, so the first
+  k of a larger request are the same k cases. `split` only names an independent draw (e.g. a
+  validation set beside the train/test cases)."""
+  if n <= 0:
+    raise ValueError(f"n must be > 0, got {n}")
+  rng = lambda i: random.Random(f"copycheck:{seed}:{split}:{i}")
+  return [_case(f"{FAMILY}-{split}-s{seed}-{i:05d}", rng(i)) for i in range(n)]
+
+
+def field_of(line_id: str) -> tuple[str, str] | None:
+  """(forms key, printed name) of the input field a copy line copies; None for the control."""
+  return _FIELDS.get(line_id)
+
+
+def confusion(case: taxcalc.TaxCase, line_id: str) -> float:
+  """The wrong amount a careless preparer writes: on a copy line the next value of the field's
+  pool (a misread row: the same kind of amount, so only a comparison with the field catches it),
+  on the control line the other hidden amount. Never the gold."""
+  if line_id == CONTROL_LINE:
+    a, b = CONTROL_AMOUNTS
+    return float(b if case.gold[line_id] == a else a)
+  if line_id not in _FIELDS:
+    raise ValueError(f"copy-and-check cases have lines {LINES}, got {line_id!r}")
+  pool = BOX_POOLS[_FIELDS[line_id][0]]
+  return float(pool[(pool.index(int(case.gold[line_id])) + 1) % len(pool)])
+
+
+def habit(case: taxcalc.TaxCase) -> float:
+  """The factor on the warm-start preparer's error rate for this case's desk (1.0 off-family)."""
+  return DESK_HABIT[case.forms["desk"]] if is_copycheck(case) else 1.0
+
+
+def checkable(line_id: str) -> bool:
+  """Whether a draft of this line can be checked against the input (false for the control)."""
+  return line_id in _FIELDS
+
+
+def sac(case: taxcalc.TaxCase, line_id: str) -> game.SAC:
+  """The SAC a careful reviewer raises against a draft of this line: on a copy line its Evidence
+  quotes the field ("W-2 box 1 = 532"); on the control line there is nothing to quote."""
+  if line_id == CONTROL_LINE:
+    return game.SAC(f"line {line_id} may be wrong", "no input field gives it", "none")
+  key, name = _FIELDS[line_id]
+  value = taxcalc.format_amount(case.gold[line_id])
+  return game.SAC(f"line {line_id} is not {name}", f"line {line_id} copies {name}", f"{name} = {value}")
+
+
+def draft_equals_field(case: taxcalc.TaxCase, line_id: str, amount: float | None) -> bool | None:
+  """What the verifier can observe of a draft: whether it equals the input field the line copies
+  (None on the control line, where no field says)."""
+  if not checkable(line_id):
+    return None
+  key, _ = _FIELDS[line_id]
+  return amount is not None and float(amount) == float(case.forms["w2"][key])

@@ -1,0 +1,183 @@
+"""The theory's ODE out of sample on the testbed: game from the step-0 gate rollout, time scale
+fitted on seed 0, case-rate trajectories of the other seeds predicted.
+
+The synthetic-forms overlay (`dpa_grpo.report.theory_overlay`) estimates its game from the first
+training steps and fits its time scale on the same run it is drawn on: in sample. Here:
+
+  game       one `theory.Game` per line, estimated from the gates' validation rollout (step 0,
+             before any training; `gates/records.jsonl`), never from training steps. On a copy line
+             the verifier's information state is what it can observe — does the draft equal the
+             field? — which on this family is exactly S_x; on the control line it observes nothing
+             about correctness (`Game.observes_correctness=False`: one verifier state, one
+             generator state).
+  clock      the generator's loss averaged over SAC'd units, as the trainer does
+             (`averaging="sac_units"`); the run's β, KL estimator and weighting.
+  time scale one κ (ODE time = κ · training step), fitted by least squares on seed 0's measured
+             case rates only (training rollouts, windows of steps, the generator's sampled
+             decisions), then held fixed to predict seeds 1 and 2.
+  baseline   the trivial predictor "the rates stay at step 0" (the case rates of the step-0 game).
+
+The predicted rates of a step are the mean over lines of each line's ODE case probabilities (every
+line has one unit per case, so lines weigh equally).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpa_grpo import config as config_lib
+from dpa_grpo import game, report, theory
+from dpa_grpo.envs import copycheck
+from lm import rundir, stats
+from lm.plotting import plt
+
+WINDOWS = 5  # windows of training steps per seed
+_T_STEPS = 4000  # RK4 steps of each line's ODE path
+_KAPPAS = np.geomspace(1e-3, 50.0, 300)
+
+
+def line_games(records: Sequence[dict[str, Any]], invalid_decision_action: str) -> dict[str, theory.Game]:
+  """One game per line of the step-0 records; the control line's pooled over correctness."""
+  games = {}
+  for line in dict.fromkeys(r["line"] for r in records):
+    rows = [r for r in records if r["line"] == line]
+    g = report.estimate_game(rows, invalid_decision_action)
+    if not copycheck.checkable(line):
+      clip = lambda p: float(np.clip(p, report.PROB_CLIP, 1 - report.PROB_CLIP))
+      pooled = clip(np.mean([r["verifier_action"] == "SAC" for r in rows]))
+      g = theory.Game(
+        p_x_right=g.p_x_right,
+        p_z_right=g.p_z_right,
+        verifier_ref=(pooled, pooled),
+        generator_ref=g.generator_ref,
+        observes_correctness=False,
+      )
+    games[line] = g
+  return games
+
+
+def predictor(games: dict[str, theory.Game], loss: config_lib.LossConfig, t_end: float):
+  """t -> predicted rates of the 8 cases (mean over lines), by interpolating each line's ODE path."""
+  curves = []
+  for g in games.values():
+    times, path = theory.ode_paths(
+      theory.reference_logits(g)[None],
+      g,
+      loss.beta,
+      kl=loss.kl,
+      weighting=loss.weighting,
+      t_end=t_end,
+      steps=_T_STEPS,
+      save_every=4,
+      averaging="sac_units",
+    )
+    curves.append(np.asarray(theory.case_probabilities(g, path[0])))  # [S, 8]
+  times = np.asarray(times)
+  mean = np.mean(curves, axis=0)
+  return lambda t: np.stack([np.interp(t, times, mean[:, c]) for c in range(len(game.CASES))], -1)
+
+
+def measured_rates(records: Sequence[dict[str, Any]], invalid_decision_action: str, windows: int = WINDOWS):
+  """(window centre steps [W], rates [W, 8], Wilson intervals [W, 8, 2]) of training records."""
+  played = report.sampled_cases(records, invalid_decision_action)
+  steps = np.array([s for s, _ in played])
+  cases = np.array([game.CASES.index(c) for _, c in played])
+  edges = np.linspace(steps.min(), steps.max() + 1, windows + 1)
+  masks = [(steps >= lo) & (steps < hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+  masks = [m for m in masks if m.any()]
+  counts = np.array([np.bincount(cases[m], minlength=len(game.CASES)) for m in masks])
+  ci = np.array([[stats.wilson_interval(int(k), int(c.sum())) for k in c] for c in counts])
+  return np.array([steps[m].mean() for m in masks]), counts / counts.sum(1, keepdims=True), ci
+
+
+def out_of_sample(
+  gate_records: Sequence[dict[str, Any]],
+  train_records: dict[int, Sequence[dict[str, Any]]],
+  config: config_lib.ExperimentConfig,
+  figure_dir: str,
+  fit_seed: int = 0,
+) -> dict[str, Any]:
+  """Fits κ on `fit_seed`'s training records and predicts every other seed's; RMS errors of the ODE
+  and of the step-0 predictor over the 8 case rates and all windows of each predicted seed."""
+  fallback = config.rollout.invalid_decision_action
+  games = line_games(gate_records, fallback)
+  last = max(max(r["step"] for r in rs) for rs in train_records.values())
+  predict = predictor(games, config.loss, t_end=_KAPPAS[-1] * (last + 1))
+  step0 = predict(np.zeros(1))[0]
+  measured = {s: measured_rates(rs, fallback) for s, rs in train_records.items()}
+  centre, rates, _ = measured[fit_seed]
+  errors = [np.mean((predict(k * centre) - rates) ** 2) for k in _KAPPAS]
+  kappa = float(_KAPPAS[int(np.argmin(errors))])
+  result: dict[str, Any] = {
+    "kappa": kappa,
+    "fit_seed": fit_seed,
+    "fit_rmse": float(np.sqrt(min(errors))),
+    "games": {line: _game_dict(g) for line, g in games.items()},
+    "seeds": {},
+  }
+  for seed, (c, r, _) in measured.items():
+    if seed == fit_seed:
+      continue
+    result["seeds"][seed] = {
+      "ode_rmse": float(np.sqrt(np.mean((predict(kappa * c) - r) ** 2))),
+      "step0_rmse": float(np.sqrt(np.mean((step0[None] - r) ** 2))),
+    }
+  result["figure"] = _figure(measured, predict, kappa, step0, fit_seed, figure_dir)
+  return result
+
+
+def _game_dict(g: theory.Game) -> dict[str, Any]:
+  return {
+    "p_x_right": g.p_x_right,
+    "p_z_right": list(g.p_z_right),
+    "verifier_ref": list(g.verifier_ref),
+    "generator_ref": g.generator_ref,
+    "observes_correctness": g.observes_correctness,
+  }
+
+
+def _figure(measured, predict, kappa, step0, fit_seed, figure_dir) -> str:
+  os.makedirs(figure_dir, exist_ok=True)
+  fig, axes = plt.subplots(2, 4, figsize=(14, 6), sharex=True)
+  last = max(c.max() for c, _, _ in measured.values())
+  grid = np.linspace(0, last, 200)
+  curve = predict(kappa * grid)
+  for i, (name, ax) in enumerate(zip(game.CASES, axes.flat, strict=True)):
+    for seed, (c, r, ci) in measured.items():
+      style = "s" if seed == fit_seed else "o"
+      label = f"seed {seed}" + (" (fit)" if seed == fit_seed else " (predicted)")
+      ax.errorbar(c, r[:, i], yerr=[r[:, i] - ci[:, i, 0], ci[:, i, 1] - r[:, i]], fmt=style, ms=4,
+                  label=label, alpha=0.8)  # fmt: skip
+    ax.plot(grid, curve[:, i], "k-", label=f"ODE (t = {kappa:.3g}·step)")
+    ax.axhline(step0[i], color="grey", ls=":", label="step-0 rates")
+    ax.set_title(f"case {name}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("training step")
+  axes.flat[0].legend(fontsize=7)
+  fig.suptitle(f"ODE out of sample: game from the step-0 gate rollout, κ fitted on seed {fit_seed} only")
+  fig.tight_layout()
+  path = os.path.join(figure_dir, "ode_out_of_sample.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def for_workdir(workdir: str, config: config_lib.ExperimentConfig, arm: str, seeds: Sequence[int]):
+  """`out_of_sample` for one DPA-GRPO arm of a testbed workdir; None until seed 0 and another
+  seed have run."""
+  from dpa_grpo import testbed
+
+  gate_path = os.path.join(workdir, "gates", "records.jsonl")
+  train = {}
+  for seed in seeds:
+    path = os.path.join(testbed.run_dir(workdir, arm, seed), "records", "train.jsonl")
+    if os.path.exists(os.path.join(testbed.run_dir(workdir, arm, seed), "summary.json")):
+      train[seed] = list(rundir.read_jsonl(path))
+  if not os.path.exists(gate_path) or 0 not in train or len(train) < 2:
+    return None
+  arm_cfg = testbed.arm_config(config, testbed.ARMS[arm], 0, "")
+  return out_of_sample(list(rundir.read_jsonl(gate_path)), train, arm_cfg, os.path.join(workdir, "figures"))

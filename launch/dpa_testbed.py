@@ -1,0 +1,42 @@
+"""The DPA-GRPO copy-and-check testbed: warm start, step-0 gates, every arm x seed, the report with
+the pre-registered predictions judged (dpa_grpo.testbed). See configs/dpa_grpo.py:testbed and
+docs/dpa_grpo.md (the testbed section).
+
+  python -m launch.dpa_testbed --workdir=runs/dpa_testbed
+  python -m launch.dpa_testbed --workdir=/tmp/t --seeds=0 --arms=dpa_k1,grpo --config.train.steps=2
+
+A warm start that fails a gate stops the run (GateError) before any arm trains: gates.json says
+which. A finished arm / seed is not rerun; a rerun with another config stops unless
+--allow_config_change.
+"""
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from dpa_grpo import testbed
+from dpa_grpo.config import ExperimentConfig
+from launch import common
+from lm import sharding
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py:testbed", lock_config=True)
+_ARMS = flags.DEFINE_list("arms", list(testbed.ARMS), f"Arms to run, of {list(testbed.ARMS)}.")
+_SEEDS = flags.DEFINE_list("seeds", [str(s) for s in testbed.SEEDS], "Seeds of every arm.")
+
+
+def main(argv):
+  del argv
+  sharding.initialize_distributed()
+  config = ExperimentConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
+  arms, seeds = tuple(_ARMS.value), tuple(int(s) for s in _SEEDS.value)
+  stamp = {"experiment": config.to_dict(), "testbed": {"arms": list(arms), "seeds": list(seeds)}}
+  workdir = common.prepare_workdir(stamp)
+  testbed.run(config, workdir, arms=arms, seeds=seeds, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
+  with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
+    print(f.read())
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["workdir"])
+  app.run(main)
