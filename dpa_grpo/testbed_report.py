@@ -210,7 +210,7 @@ def write(
       "",
       "![ODE out of sample](figures/ode_out_of_sample.png)",
     ]
-  theory_dir = os.path.join(workdir, "theory")  # scripts/main.sh writes the theory figures there
+  theory_dir = os.path.join(workdir, "theory")  # `python -m launch.theory --workdir=<workdir>/theory`
   if os.path.isdir(theory_dir):
     pngs = sorted(f for f in os.listdir(theory_dir) if f.endswith(".png"))
     md += ["", "Theory figures (`python -m launch.theory`, docs/theory.md):", ""]

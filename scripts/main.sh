@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the project's main job: the DPA-GRPO copy-and-check testbed (warm start,
-# step-0 gates, four arms x three seeds, the pre-registered predictions judged) with the theory
-# figures beside, one report: $workdir/report.md (figures in $workdir/figures, $workdir/theory).
-# Rerunning resumes. A warm start that fails a step-0 gate stops the job before any comparison.
-# Extra arguments go to the testbed launcher (e.g. --seeds=0 --config.train.steps=5). The older
-# synthetic-forms reproduction is `python -m launch.dpa_grpo --workdir=runs/dpa_grpo`.
+# Sets up .venv and runs the project's main job on its built-in CPU default: the CPU-scale
+# DPA-GRPO reproduction on synthetic TY24 forms (warm start, DPA-GRPO, generator-only GRPO, the
+# report with the theory overlay), about 10 minutes on 2 cores. Rerunning resumes.
+# Extra arguments go to the launcher (e.g. --config.train.steps=10).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/setup_env.sh
-workdir="${WORKDIR:-runs/dpa_testbed}"
-python -m launch.theory --workdir="$workdir/theory" --verbosity=-1 > /dev/null
-python -m launch.dpa_testbed --workdir="$workdir" --verbosity=-1 "$@"
-echo "Report written to $workdir/report.md (figures in $workdir/figures and $workdir/theory)"
+workdir="${WORKDIR:-runs/dpa_grpo}"
+python -m launch.dpa_grpo --workdir="$workdir" --verbosity=-1 "$@"
+echo "Report written to $workdir/report.md (figures in $workdir/figures)"
