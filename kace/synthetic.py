@@ -315,6 +315,9 @@ class TestbedSolverConfig:
     hold_out: train on `testbed.TRAIN_H` only (the evaluated "add 3 / 6 / 9" never seen); False
       trains on all of H, so what is held out is only which rule belongs to which block. Two builds
       with held-out constants failed their gates (docs/kace.md), hence the default.
+    form: the questions' and cards' surface form (`testbed.FORMS`); the testbed uses the solver's.
+    completion: the target's style (`testbed.COMPLETIONS`): "rule_first" copies the rule before the
+      arithmetic, "working" writes only the arithmetic.
     the others: as in `TinySolverConfig`.
   """
 
@@ -324,6 +327,8 @@ class TestbedSolverConfig:
   min_distractors: int = 0
   max_distractors: int = 8
   hold_out: bool = False
+  form: str = "short"
+  completion: str = "rule_first"
   vocab_size: int = 512
   hidden_size: int = 64
   intermediate_size: int = 192
@@ -342,7 +347,7 @@ class TestbedSolverConfig:
 
 
 # Bump when the testbed build changes in a way the config does not capture (prompt format, kinds, H).
-TESTBED_SOLVER_VERSION = "2"
+TESTBED_SOLVER_VERSION = "3"
 
 
 def convention_notes(cards: Sequence[str]) -> str:
@@ -365,18 +370,19 @@ def testbed_examples(config: TestbedSolverConfig) -> list[tuple[list[dict[str, s
       [k for k in testbed.KINDS.values() if k != kind],
       rng.randint(config.min_distractors, config.max_distractors),
     )
-    notes = [testbed.card_text(k, rng.choice(rules)) for k in others]
+    card = lambda k, h: testbed.card_text(k, h, config.form)
+    notes = [card(k, rng.choice(rules)) for k in others]
     if level == 1:
       rule = testbed.IDENTITY
       if rng.random() < config.card_fraction / 4:
-        notes.append(testbed.card_text(kind, rule))
+        notes.append(card(kind, rule))
     else:
       rule = rng.choice(rules)
       if rng.random() < config.card_fraction:
-        notes.append(testbed.card_text(kind, rule))
+        notes.append(card(kind, rule))
     rng.shuffle(notes)
-    chat = solver_messages(testbed.question(kind, a, op, b), convention_notes(notes))
-    out.append((chat, rule.working(base)))
+    chat = solver_messages(testbed.question(kind, a, op, b, config.form), convention_notes(notes))
+    out.append((chat, rule.completion(base, config.completion, config.form)))
   return out
 
 
@@ -411,7 +417,7 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
     "user\nassistant\n",
     *(f"- [{testbed.CARD_TYPE}] " + k + " problems:" for k in testbed.KINDS.values()),
   ]
-  corpus += [testbed.card_text("x", h).split(": ", 1)[1] for h in testbed.H] * 20
+  corpus += [testbed.card_text("x", h, config.form).split(": ", 1)[1] for h in testbed.H] * 20
   model, history, count = _train(path, examples, corpus, config, log_every=max(1, config.steps // 20))
   rundir.write_json(
     os.path.join(path, "build.json"),
@@ -475,11 +481,11 @@ def testbed_gates(
   block's card in random order; plus `passed` for each gate of `GATES` (level 2)."""
   _, test = config.problems()
   rules = config.conventions()
-  every = list(testbed.true_cards(rules, levels=testbed.LEVELS).values())
+  every = list(testbed.true_cards(rules, levels=testbed.LEVELS, form=config.form).values())
   rng = random.Random(f"testbed-gates-{config.seed}")
   prompts, keys = [], []
   for p in test:
-    true = testbed.card_text(testbed.KINDS[(p.domain, p.level)], rules[(p.domain, p.level)])
+    true = testbed.card_text(testbed.KINDS[(p.domain, p.level)], rules[(p.domain, p.level)], config.form)
     mixed = every[:]
     rng.shuffle(mixed)
     for condition, notes in (("true_card", [true]), ("no_card", []), ("true_card_and_distractors", mixed)):

@@ -44,7 +44,11 @@ def test_testbed_comparison_runs_every_method_with_the_oracle_roles(tmp_path, mo
   measure = pipeline.testbed_gates
   # A 2-step solver fails its gates; the comparison's plumbing is tested as if it passed them.
   monkeypatch.setattr(pipeline, "testbed_gates", lambda cfg, wd: {**measure(cfg, wd), "all_passed": True})
-  results = pipeline.testbed_comparison(config, str(tmp_path / "out"))["results"][0]
+  # run_testbed: the one entry of the launcher and the main job (workdir prepared, report's path back)
+  report_path = pipeline.run_testbed(str(tmp_path / "out"), config)
+  assert report_path == str(tmp_path / "out" / "report.md")
+  assert json.loads((tmp_path / "out" / "config.json").read_text())["testbed"]["seeds"] == [0]
+  results = json.loads((tmp_path / "out" / "results.json").read_text())["0"]
   assert set(results["testbed"]) == set(ALL)
   assert all(m["problems"] == 3 for m in results["testbed"].values())
   assert len(list((tmp_path / "cache").glob("testbed-solver-*/build.json"))) == 1

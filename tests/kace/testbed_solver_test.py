@@ -14,15 +14,22 @@ from tests.kace import testbed_helpers
 PARAMS = generators.GenerationParams(max_tokens=16, temperature=0.7, seed=3)
 
 
-@pytest.mark.parametrize("hold_out", [True, False])
-def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(hold_out):
-  examples = synthetic.testbed_examples(synthetic.TestbedSolverConfig(examples=3000, hold_out=hold_out))
+SOLVERS = [(True, "short", "rule_first"), (False, "short", "rule_first"), (False, "long", "working")]
+
+
+@pytest.mark.parametrize("hold_out,form,style", SOLVERS)
+def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(
+  hold_out, form, style
+):
+  config = synthetic.TestbedSolverConfig(examples=3000, hold_out=hold_out, form=form, completion=style)
+  examples = synthetic.testbed_examples(config)
   allowed = testbed.TRAIN_H if hold_out else testbed.H
   seen, with_card = set(), collections.Counter()
   for chat, completion in examples:
     text = chat[0]["content"]
     notes, question = text.rsplit("Problem: ", 1)
     kind, base = testbed.parse_question(question)
+    assert question == testbed.question(kind, *_operands(question), form)
     held = [testbed.parse_card(line) for line in notes.splitlines() if line.startswith("- [convention]")]
     assert all(rule in allowed for _, rule in held)
     seen |= {rule for _, rule in held}
@@ -33,17 +40,25 @@ def test_training_cards_hold_only_training_conventions_and_targets_follow_the_tr
     if level == 1:
       assert answer == base
     elif rule is not None:
-      assert answer == rule.apply(base) and completion == rule.working(base)
+      assert answer == rule.apply(base) and completion == rule.completion(base, style, form)
+      assert notes.count(testbed.card_text(kind, rule, form) + "\n") == 1
     with_card[level, rule is not None] += 1
   share = with_card[2, True] / (with_card[2, True] + with_card[2, False])
   assert 0.6 < share < 0.8  # card_fraction 0.7
   assert seen == set(allowed)
 
 
+def _operands(question):
+  a, op, b = question.split(": ", 1)[1].removeprefix("What is ").rstrip("?").split(" ")
+  return int(a), op, int(b)
+
+
 def test_solver_config_key_changes_with_every_field():
   base = synthetic.TestbedSolverConfig()
   assert base.key() == synthetic.TestbedSolverConfig().key()
   assert base.key() != synthetic.TestbedSolverConfig(steps=base.steps + 1).key()
+  assert base.key() != synthetic.TestbedSolverConfig(form="long").key()
+  assert base.key() != synthetic.TestbedSolverConfig(completion="working").key()
   assert base.key() != synthetic.TinySolverConfig().key()
 
 
@@ -58,8 +73,9 @@ class CardBlind:
     return out
 
 
-def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them():
-  config = testbed.TestbedConfig(seed=1)
+@pytest.mark.parametrize("form", testbed.FORMS)
+def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form):
+  config = testbed.TestbedConfig(seed=1, form=form)
   good = synthetic.testbed_gates(testbed_helpers.ConventionSolver(), config, PARAMS, samples=4)
   assert good["all_passed"], good
   assert good["rates"]["true_card/L2"] == 1.0 and good["rates"]["true_card_and_distractors/L3"] == 1.0
