@@ -318,6 +318,10 @@ class TestbedSolverConfig:
     form: the questions' and cards' surface form (`testbed.FORMS`); the testbed uses the solver's.
     completion: the target's style (`testbed.COMPLETIONS`): "rule_first" copies the rule before the
       arithmetic, "working" writes only the arithmetic.
+    curriculum_steps: a first phase of this many SFT steps on prompts with at most
+      `curriculum_distractors` distractor cards (short prompts: cheap steps, and the "find my kind's
+      card" lookup learnt among few cards), before the `steps` steps on the full mix; the second
+      phase starts from the first's model with a fresh optimizer and its own warmup. 0: no curriculum.
     the others: as in `TinySolverConfig`.
   """
 
@@ -329,6 +333,8 @@ class TestbedSolverConfig:
   hold_out: bool = False
   form: str = "short"
   completion: str = "rule_first"
+  curriculum_steps: int = 0
+  curriculum_distractors: int = 2
   vocab_size: int = 512
   hidden_size: int = 64
   intermediate_size: int = 192
@@ -418,7 +424,13 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
     *(f"- [{testbed.CARD_TYPE}] " + k + " problems:" for k in testbed.KINDS.values()),
   ]
   corpus += [testbed.card_text("x", h, config.form).split(": ", 1)[1] for h in testbed.H] * 20
-  model, history, count = _train(path, examples, corpus, config, log_every=max(1, config.steps // 20))
+  first = ()
+  if config.curriculum_steps:
+    few = dataclasses.replace(config, min_distractors=0, max_distractors=config.curriculum_distractors)
+    first = testbed_examples(few)
+  model, history, count = _train(
+    path, examples, corpus, config, log_every=max(1, config.steps // 20), first_phase=first
+  )
   rundir.write_json(
     os.path.join(path, "build.json"),
     {"config": dataclasses.asdict(config), "version": TESTBED_SOLVER_VERSION, "train_examples": count,
@@ -426,9 +438,13 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
   )  # fmt: skip
 
 
-def _train(path: str, examples, corpus: Sequence[str], config, log_every: int) -> tuple[Qwen, list, int]:
+def _train(
+  path: str, examples, corpus: Sequence[str], config, log_every: int, first_phase=()
+) -> tuple[Qwen, list, int]:
   """Tokenizer on `corpus`, then a Qwen3-style model of `config`'s size trained by `lm.sft` on
-  `examples`; both saved at `path`. Returns (model, SFT history, number of examples)."""
+  `examples` (after `config.curriculum_steps` steps on `first_phase`, when given); both saved at
+  `path`. Returns (model, SFT history, number of examples). Each phase pads its batches to its own
+  longest example, so a phase of short prompts has cheap steps."""
   build_tokenizer(path, corpus, config.vocab_size)
   tokenizer = load_tokenizer(path)
   model_config = ModelConfig(
@@ -445,10 +461,11 @@ def _train(path: str, examples, corpus: Sequence[str], config, log_every: int) -
     eos_token_ids=(1, 0),
     pad_token_id=0,
   )
-  ids = [
+  encode = lambda pairs: [
     (tokenizer.encode_chat(chat), tokenizer.encode(completion) + [tokenizer.eos_ids[0]])
-    for chat, completion in examples
+    for chat, completion in pairs
   ]
+  ids = encode(examples)
   model = Qwen(model_config, rngs=nnx.Rngs(config.seed))
   sft_config = sft.SFTConfig(
     steps=config.steps,
@@ -459,7 +476,14 @@ def _train(path: str, examples, corpus: Sequence[str], config, log_every: int) -
     log_every=log_every,
   )
   _log.info("training a solver: %d examples, %d params", len(ids), model_config.num_params)
-  model, history = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id)
+  history = []
+  if first_phase:
+    steps = config.curriculum_steps
+    first = dataclasses.replace(sft_config, steps=steps, log_every=max(1, steps // 10))
+    model, history = sft.train_sft(model, encode(first_phase), first, pad_id=tokenizer.pad_id)
+    history = [{**h, "phase": "curriculum"} for h in history]
+  model, main = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id)
+  history += main
   hf.save_hf(model, path, dtype="float32")
   return model, history, len(ids)
 

@@ -4,11 +4,13 @@ the problem's kind, level-1 targets are the base answer, and the gates pass a so
 cards and fail one that ignores them (scripted solvers)."""
 
 import collections
+import dataclasses
+import os
 
 import pytest
 
 from kace import synthetic, testbed
-from lm import generators
+from lm import generators, rundir
 from tests.kace import testbed_helpers
 
 PARAMS = generators.GenerationParams(max_tokens=16, temperature=0.7, seed=3)
@@ -83,3 +85,19 @@ def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form
   blind = synthetic.testbed_gates(CardBlind(), config, PARAMS, samples=2)
   assert blind["passed"] == {"true_card": False, "no_card": True, "true_card_and_distractors": False}
   assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_curriculum_build_trains_a_short_prompt_phase_first(tmp_path):
+  """`curriculum_steps`: the build's history holds the first phase (on prompts with at most
+  `curriculum_distractors` cards besides the true one) before the main phase's steps."""
+  config = synthetic.TestbedSolverConfig(
+    examples=32, steps=2, batch_size=4, hidden_size=32, intermediate_size=64, curriculum_steps=3
+  )
+  few = dataclasses.replace(config, max_distractors=config.curriculum_distractors)
+  cards = [chat[0]["content"].count("- [convention]") for chat, _ in synthetic.testbed_examples(few)]
+  assert max(cards) <= config.curriculum_distractors + 1
+  path = synthetic.ensure_testbed_solver(str(tmp_path), config)
+  history = rundir.read_json(os.path.join(path, "build.json"))["sft"]
+  phases = [(h.get("phase", "main"), h["step"]) for h in history]
+  assert phases == [("curriculum", 1), ("curriculum", 2), ("curriculum", 3), ("main", 1), ("main", 2)]
