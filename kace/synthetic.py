@@ -504,7 +504,10 @@ def testbed_gates(
 ) -> dict:
   """Solve rates (share of correct samples) of `generator` on the held-out problems of `config`,
   per level, with the true card alone, with no card, and with the true card among every other
-  block's card in random order; plus `passed` for each gate of `GATES` (level 2)."""
+  block's card in random order; plus `passed` for each gate of `GATES` (level 2). Unseeded `params`
+  get a seed from `config.seed`, so a solver's gates measure the same on every run."""
+  if params.seed is None:
+    params = dataclasses.replace(params, seed=config.seed)
   _, test = config.problems()
   rules = config.conventions()
   every = list(testbed.true_cards(rules, levels=testbed.LEVELS, form=config.form).values())

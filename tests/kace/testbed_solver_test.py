@@ -82,6 +82,11 @@ def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form
   assert good["all_passed"], good
   assert good["rates"]["true_card/L2"] == 1.0 and good["rates"]["true_card_and_distractors/L3"] == 1.0
   assert good["rates"]["no_card/L1"] == 1.0
+  # unseeded params are seeded by the testbed: the scripted solver's guesses repeat run to run
+  unseeded = dataclasses.replace(PARAMS, seed=None)
+  solver = testbed_helpers.ConventionSolver()
+  first, second = (synthetic.testbed_gates(solver, config, unseeded) for _ in "ab")
+  assert first == second
   blind = synthetic.testbed_gates(CardBlind(), config, PARAMS, samples=2)
   assert blind["passed"] == {"true_card": False, "no_card": True, "true_card_and_distractors": False}
   assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
