@@ -31,7 +31,7 @@ from flax import nnx
 
 from kace import answers, data, projection, testbed
 from kace import cards as cards_lib
-from lm import generators, hf, rundir, sft
+from lm import generators, hf, rundir, seeding, sft
 from lm import text as text_lib
 from lm.config import ModelConfig
 from lm.model import Qwen
@@ -504,15 +504,16 @@ def testbed_gates(
 ) -> dict:
   """Solve rates (share of correct samples) of `generator` on the held-out problems of `config`,
   per level, with the true card alone, with no card, and with the true card among every other
-  block's card in random order; plus `passed` for each gate of `GATES` (level 2). Unseeded `params`
-  get a seed from `config.seed`, so a solver's gates measure the same on every run."""
-  if params.seed is None:
-    params = dataclasses.replace(params, seed=config.seed)
+  block's card in random order; plus `passed` for each gate of `GATES` (level 2). Every prompt's
+  samples get their own seed, derived from `params.seed` (or, unseeded, `config.seed`), the problem
+  and the condition, as the pipeline seeds per problem and stage: a solver's gates measure the same
+  on every run, and no two prompts share their random draws."""
+  base = config.seed if params.seed is None else params.seed
   _, test = config.problems()
   rules = config.conventions()
   every = list(testbed.true_cards(rules, levels=testbed.LEVELS, form=config.form).values())
   rng = random.Random(f"testbed-gates-{config.seed}")
-  prompts, keys = [], []
+  prompts, keys, per_prompt = [], [], []
   for p in test:
     true = testbed.card_text(testbed.KINDS[(p.domain, p.level)], rules[(p.domain, p.level)], config.form)
     mixed = every[:]
@@ -520,7 +521,9 @@ def testbed_gates(
     for condition, notes in (("true_card", [true]), ("no_card", []), ("true_card_and_distractors", mixed)):
       prompts.append(solver_messages(p.question, convention_notes(notes)))
       keys.append((condition, p.level, p.answer))
-  results = generator.generate(prompts, n=samples, params=params)
+      seed = seeding.derive_seed(base, p.id, f"gate-{condition}")
+      per_prompt.append(dataclasses.replace(params, seed=seed))
+  results = generator.generate(prompts, n=samples, params=per_prompt)
   tally: dict[tuple[str, int], list[int]] = {}
   for (condition, level, gold), gens in zip(keys, results, strict=True):
     right = sum(answers.extract_answer(g.text) == gold for g in gens)
