@@ -185,12 +185,16 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         min_distractors=0,
         max_distractors=8,
         hold_out=False,  # True: train on kace.testbed.TRAIN_H only (held-out constants; fails its gates)
+        form="short",  # kace.testbed.FORMS: short | long (questions' and cards' wording; the testbed's too)
+        completion="rule_first",  # kace.testbed.COMPLETIONS: rule_first | working
+        curriculum_steps=600,  # > 0: first this many steps with at most curriculum_distractors cards
+        curriculum_distractors=2,
         vocab_size=512,
         hidden_size=64,
         intermediate_size=192,
         num_layers=2,
         num_heads=4,
-        num_kv_heads=2,
+        num_kv_heads=4,  # plain MHA: faster than GQA on XLA:CPU
         head_dim=16,
         steps=2000,
         batch_size=32,
@@ -220,7 +224,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.methods = c.table.methods
       c.table.benchmarks = ("testbed",)
       c.benchmarks.testbed = dict(name="testbed")
-      c.sampling.max_tokens = 16  # "7 + 3 -> \\boxed{10}" and EOS
+      c.sampling.max_tokens = 24  # "add 3: 7 + 3 -> \\boxed{10}" and EOS: at most 19 tokens
       # every training problem (28 a cell); teacher prompts show enough failures for two per kind
       c.learn.update(train_limit=0, failures_per_prompt=8)
   elif arg == "qwen3_4b":

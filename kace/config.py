@@ -315,8 +315,13 @@ class TestbedSection:
       raise ValueError(f"testbed.oracle_noise must be in [0, 1], got {self.oracle_noise}")
 
   def testbed(self) -> testbed_lib.TestbedConfig:
+    """The testbed, in the surface form its solver is trained on."""
     return testbed_lib.TestbedConfig(
-      seed=self.seed, per_cell=self.per_cell, test_per_cell=self.test_per_cell, control=self.control
+      seed=self.seed,
+      per_cell=self.per_cell,
+      test_per_cell=self.test_per_cell,
+      control=self.control,
+      form=self.solver.form,
     )
 
 

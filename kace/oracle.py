@@ -71,15 +71,17 @@ class OracleTeacher:
     noise: probability that a fitted rule is replaced by a random wrong member of H.
     seed: the noise draws (derived per prompt, so a reply depends only on the prompt and the seed).
     min_agree: fewer agreeing failures than this and the oracle abstains for that kind.
+    form: the surface form of the cards it writes (`testbed.FORMS`; the testbed's).
     calls: prompts answered so far (the learner counts teacher calls itself; this is for tests).
   """
 
   label = LABEL
 
-  def __init__(self, noise: float = 0.0, seed: int = 0, min_agree: int = 2):
+  def __init__(self, noise: float = 0.0, seed: int = 0, min_agree: int = 2, form: str = "short"):
     if not 0 <= noise <= 1:
       raise ValueError(f"oracle noise must be in [0, 1], got {noise}")
     self.noise, self.seed, self.min_agree, self.calls = noise, seed, min_agree, 0
+    self.form = testbed.check_form(form)
 
   def reply(self, prompt: str) -> str:
     by_kind: dict[str, list[tuple[int, int]]] = {}
@@ -94,7 +96,7 @@ class OracleTeacher:
         continue
       if rng.random() < self.noise:
         rule = rng.choice([h for h in testbed.H if h != rule])
-      text = testbed.card_text(kind, rule)
+      text = testbed.card_text(kind, rule, self.form)
       if text not in held:
         out.append({"type": testbed.CARD_TYPE, "text": text})
     return json.dumps({"cards": out, "by": LABEL}) if out else _ABSTAIN

@@ -65,7 +65,9 @@ def learner(
 ) -> learn.Learner:
   """The roles, sampling and ADD / REFINE options every artefact's learning shares."""
   roles, bed = config.roles, config.testbed
-  teacher = oracle.OracleTeacher(bed.oracle_noise, config.seed) if bed.oracle_teacher else None
+  teacher = None
+  if bed.oracle_teacher:
+    teacher = oracle.OracleTeacher(bed.oracle_noise, config.seed, form=bed.solver.form)
   return learn.Learner(
     solver=methods.role(roles.get("solver")),
     teacher=teacher or methods.role(roles.get("teacher")),
@@ -235,6 +237,30 @@ def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
   gates = {**gates, "solver": config.roles.solver.checkpoint, "bounds": synthetic.GATES}
   rundir.write_json(os.path.join(workdir, "gates.json"), gates)
   return gates
+
+
+def run_testbed(
+  workdir: str,
+  config: config_lib.KaceConfig | None = None,
+  *,
+  allow_config_change: bool = False,
+  gates_only: bool = False,
+) -> str:
+  """The testbed as `python -m launch.kace_testbed` runs it, for any caller (that launcher, the main
+  job): `workdir` created or resumed for `config` (`lm.rundir.prepare_workdir`; default
+  configs/kace.py:testbed), then the comparison (`testbed_comparison`), or with `gates_only` only the
+  solver's build and gates. Returns the path of `report.md` (`gates.json` with `gates_only`); raises
+  GateError, after writing `gates.json`, when the solver fails a gate."""
+  if config is None:
+    import configs.kace  # the project's presets; imported here so the library does not need them
+
+    config = config_lib.KaceConfig.from_dict(configs.kace.get_config("testbed"))
+  workdir = rundir.prepare_workdir(workdir, config, allow_changes=allow_config_change)
+  if gates_only:
+    testbed_gates(config, workdir)
+    return os.path.join(workdir, "gates.json")
+  testbed_comparison(config, workdir)
+  return os.path.join(workdir, "report.md")
 
 
 def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=None) -> dict:

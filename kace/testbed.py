@@ -8,8 +8,11 @@ the gold answer. A convention can be inferred from (problem, gold) pairs: the ba
 one-step computation written in the question, so gold = h(base) singles out the members of H that
 agree. Level 1 has no convention (the identity), so those problems are solved without context.
 
-Every question names its *kind*, one word per (domain, level) ("total: What is 3 + 4?"), and a card
-states the convention of one kind ("total problems: add 3 to the result."). A solver trained to use
+Every question names its *kind*, one word per (domain, level), and a card states the convention of
+one kind. Two surface forms (`FORMS`): "short" (the default; question "total: 3 + 4", card
+"total: add 3") and "long" (question "total: What is 3 + 4?", card "total problems: add 3 to the
+result."); the short one makes prompts about half as long and the "find my kind's card" lookup a
+match of identical leading words. A solver trained to use
 context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches its question
 and ignores the others, so a card in the wrong block is a distractor, not a poison; with no card it
 guesses a convention, so samples disagree and problems climb the tiers.
@@ -54,6 +57,14 @@ KIND_OF_WORD = {word: cell for cell, word in KINDS.items()}
 
 CONTROLS = ("none", "identity", "shared", "level1")
 CARD_TYPE = "convention"
+FORMS = ("short", "long")
+COMPLETIONS = ("rule_first", "working")
+
+
+def check_form(form: str) -> str:
+  if form not in FORMS:
+    raise ValueError(f"testbed form must be one of {FORMS}, got {form!r}")
+  return form
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -76,7 +87,17 @@ class Convention:
     step = f"{x}" if self.op == "id" else f"{x} {'+' if self.op == 'add' else '*'} {self.k}"
     return f"{step} -> \\boxed{{{self.apply(x)}}}"
 
-  def describe(self) -> str:
+  def completion(self, x: int, style: str, form: str = "short") -> str:
+    """The solver's training completion for base answer `x`: `working`, or with style "rule_first"
+    the rule as the card states it first ("add 3: 7 + 3 -> \\boxed{10}"), so the lookup of the
+    card is its own step, a copy, before any arithmetic."""
+    if style not in COMPLETIONS:
+      raise ValueError(f"completion style must be one of {COMPLETIONS}, got {style!r}")
+    return f"{self.describe(form)}: {self.working(x)}" if style == "rule_first" else self.working(x)
+
+  def describe(self, form: str = "short") -> str:
+    if check_form(form) == "short":
+      return "as is" if self.op == "id" else f"add {self.k}" if self.op == "add" else f"times {self.k}"
     if self.op == "id":
       return "report the result as is"
     return f"add {self.k} to the result" if self.op == "add" else f"multiply the result by {self.k}"
@@ -97,19 +118,22 @@ TEST_H = tuple(Convention("add", k) for k in (3, 6, 9))
 H = tuple(sorted(set(TRAIN_H) | set(TEST_H)))
 
 
-def card_text(kind: str, convention: Convention) -> str:
+def card_text(kind: str, convention: Convention, form: str = "short") -> str:
   """The card stating `convention` for problems of `kind` (what the oracle writes and the solver reads)."""
-  return f"{kind} problems: {convention.describe()}."
+  if check_form(form) == "short":
+    return f"{kind}: {convention.describe(form)}"
+  return f"{kind} problems: {convention.describe(form)}."
 
 
 _CARD_RE = re.compile(
   r"(\w+) problems: (report the result as is|add (\d+) to the result|multiply the result by (\d+))"
 )
+_SHORT_CARD_RE = re.compile(r"(\w+): (as is|add (\d+)|times (\d+))\b")
 
 
 def parse_card(text: str) -> tuple[str, Convention] | None:
-  """(kind, convention) of a card in `card_text`'s form, else None."""
-  m = _CARD_RE.search(text)
+  """(kind, convention) of a card in either of `card_text`'s forms, else None."""
+  m = _CARD_RE.search(text) or _SHORT_CARD_RE.search(text)
   if not m:
     return None
   if m.group(3):
@@ -131,15 +155,16 @@ OPERANDS = {
   "combinatorics": ((2, 9), (2, 5)),
 }
 
-_QUESTION_RE = re.compile(r"(\w+): What is (\d+) (\+|mod|\*) (\d+)\?")
+_QUESTION_RE = re.compile(r"(\w+): (?:What is )?(\d+) (\+|mod|\*) (\d+)")
 
 
-def question(kind: str, a: int, op: str, b: int) -> str:
-  return f"{kind}: What is {a} {op} {b}?"
+def question(kind: str, a: int, op: str, b: int, form: str = "short") -> str:
+  return f"{kind}: {a} {op} {b}" if check_form(form) == "short" else f"{kind}: What is {a} {op} {b}?"
 
 
 def parse_question(text: str) -> tuple[str, int] | None:
-  """(kind, base answer) of a testbed question found in `text`, computed symbolically; else None."""
+  """(kind, base answer) of a testbed question (either form) found in `text`, computed
+  symbolically; else None."""
   m = _QUESTION_RE.search(text)
   if not m:
     return None
@@ -165,14 +190,18 @@ class TestbedConfig:
     test_per_cell: of those, evaluated per (domain, level); the rest are training problems.
     control: "none" (a domain's level-2 and level-3 conventions differ), "identity", "shared" or "level1"
       (the module docstring).
+    form: the questions' and cards' surface form ("short" or "long"; `FORMS`); the solver must be
+      trained on the same one (kace.config takes it from the solver's config).
   """
 
   seed: int = 0
   per_cell: int = 40
   test_per_cell: int = 12
   control: str = "none"
+  form: str = "short"
 
   def __post_init__(self):
+    check_form(self.form)
     if self.control not in CONTROLS:
       raise ValueError(f"testbed.control must be one of {CONTROLS}, got {self.control!r}")
     if not 0 < self.test_per_cell < self.per_cell:
@@ -214,7 +243,7 @@ def generate(config: TestbedConfig) -> tuple[list[data.Problem], list[data.Probl
       if len(seen) == config.per_cell:
         break
       a, op, b = draw_base(domain, rng)
-      seen.setdefault(question(kind, a, op, b), rules[(domain, level)].apply(OPS[op](a, b)))
+      seen.setdefault(question(kind, a, op, b, config.form), rules[(domain, level)].apply(OPS[op](a, b)))
     items = sorted(seen.items())
     rng.shuffle(items)
     for n, (q, answer) in enumerate(items):
@@ -231,9 +260,13 @@ def generate(config: TestbedConfig) -> tuple[list[data.Problem], list[data.Probl
   return sorted(train, key=lambda p: p.id), sorted(test, key=lambda p: p.id)
 
 
-def true_cards(rules: Mapping[tuple[str, int], Convention], levels: Sequence[int] = (2, 3)) -> dict:
+def true_cards(
+  rules: Mapping[tuple[str, int], Convention], levels: Sequence[int] = (2, 3), form: str = "short"
+) -> dict:
   """{(domain, level): card text} of the blocks' conventions (the gates' and the controls' cards)."""
-  return {cell: card_text(KINDS[cell], rule) for cell, rule in sorted(rules.items()) if cell[1] in levels}
+  return {
+    cell: card_text(KINDS[cell], rule, form) for cell, rule in sorted(rules.items()) if cell[1] in levels
+  }
 
 
 def fit(pairs: Sequence[tuple[int, int]], hypotheses: Sequence[Convention] = H) -> tuple[Convention, int]:

@@ -5,9 +5,8 @@ python -m launch.kace_testbed --workdir=runs/kace_testbed
 python -m launch.kace_testbed --workdir=runs/kace_testbed_identity --config.testbed.control=identity
 
 A solver that fails a gate stops the run (GateError) before any comparison: gates.json says which.
+`--gates_only` builds (or finds) the solver and measures its gates, nothing else (a solver build).
 """
-
-import os
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -18,14 +17,19 @@ from launch import common
 from lm import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py:testbed", lock_config=True)
+_GATES_ONLY = flags.DEFINE_bool("gates_only", False, "only build the solver and measure its gates")
 
 
 def main(_):
   sharding.initialize_distributed()
   config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
-  workdir = common.prepare_workdir(config)
-  pipeline.testbed_comparison(config, workdir)
-  with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
+  path = pipeline.run_testbed(
+    common.WORKDIR.value,
+    config,
+    allow_config_change=common.ALLOW_CONFIG_CHANGE.value,
+    gates_only=_GATES_ONLY.value,
+  )
+  with open(path, encoding="utf-8") as f:
     print(f.read())
 
 

@@ -27,6 +27,9 @@ def test_testbed_defaults_are_the_library_defaults():
   assert c.testbed.solver.to_dict() == dataclasses.asdict(synthetic.TestbedSolverConfig())
   section = kace_config.KaceConfig.from_dict(c).testbed
   assert section.testbed() == testbed.TestbedConfig()
+  # the testbed's surface form is its solver's (the solver is trained on the questions and cards it reads)
+  c.testbed.solver.form = "long"
+  assert kace_config.KaceConfig.from_dict(c).testbed.testbed().form == "long"
   with pytest.raises(ValueError, match="control"):
     kace_config.KaceConfig.from_dict({**c.to_dict(), "testbed": {**c.testbed.to_dict(), "control": "x"}})
   with pytest.raises(ValueError, match="oracle_noise"):
@@ -47,6 +50,7 @@ def test_learner_plays_the_oracle_roles_only_when_configured(grader, tiny_checkp
   raw.testbed.oracle_noise = 0.25
   learner = pipeline.learner(kace_config.KaceConfig.from_dict(raw), grader, embedder=None)
   assert isinstance(learner.teacher, oracle.OracleTeacher) and learner.teacher.noise == 0.25
+  assert learner.teacher.form == raw.testbed.solver.form == "short"
   assert isinstance(learner.curator, oracle.OracleCurator) and learner.teacher.label == oracle.LABEL
   raw.testbed.update(oracle_teacher=False, oracle_curator=False)
   learner = pipeline.learner(kace_config.KaceConfig.from_dict(raw), grader, embedder=None)

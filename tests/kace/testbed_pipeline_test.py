@@ -27,7 +27,9 @@ def test_testbed_comparison_runs_every_method_with_the_oracle_roles(tmp_path, mo
   c = configs.kace.get_config("testbed")
   c.synthetic.cache_dir = str(tmp_path / "cache")
   c.testbed.update(per_cell=4, test_per_cell=1)
-  c.testbed.solver.update(examples=64, steps=2, batch_size=4, hidden_size=32, intermediate_size=64)
+  c.testbed.solver.update(
+    examples=64, steps=2, curriculum_steps=1, batch_size=4, hidden_size=32, intermediate_size=64
+  )
   c.roles.solver.sampler = dict(min_prompt_bucket=256, min_rows=8, step_bucket=8, max_rows=512)
   c.sampling.max_tokens = 6
   c.role_sampling.max_tokens = 8
@@ -44,7 +46,11 @@ def test_testbed_comparison_runs_every_method_with_the_oracle_roles(tmp_path, mo
   measure = pipeline.testbed_gates
   # A 2-step solver fails its gates; the comparison's plumbing is tested as if it passed them.
   monkeypatch.setattr(pipeline, "testbed_gates", lambda cfg, wd: {**measure(cfg, wd), "all_passed": True})
-  results = pipeline.testbed_comparison(config, str(tmp_path / "out"))["results"][0]
+  # run_testbed: the one entry of the launcher and the main job (workdir prepared, report's path back)
+  report_path = pipeline.run_testbed(str(tmp_path / "out"), config)
+  assert report_path == str(tmp_path / "out" / "report.md")
+  assert json.loads((tmp_path / "out" / "config.json").read_text())["testbed"]["seeds"] == [0]
+  results = json.loads((tmp_path / "out" / "results.json").read_text())["0"]
   assert set(results["testbed"]) == set(ALL)
   assert all(m["problems"] == 3 for m in results["testbed"].values())
   assert len(list((tmp_path / "cache").glob("testbed-solver-*/build.json"))) == 1
@@ -74,6 +80,7 @@ def test_the_launcher_refuses_a_solver_that_fails_its_gates(tmp_path):
     f"--config.synthetic.cache_dir={tmp_path / 'cache'}",
     "--config.testbed.per_cell=4", "--config.testbed.test_per_cell=2",
     "--config.testbed.solver.examples=16", "--config.testbed.solver.steps=1",
+    "--config.testbed.solver.curriculum_steps=1",
     "--config.testbed.solver.batch_size=4", "--config.testbed.solver.hidden_size=32",
     "--config.testbed.solver.intermediate_size=64",
     "--config.roles.solver.sampler.min_prompt_bucket=256",

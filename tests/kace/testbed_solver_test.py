@@ -4,25 +4,34 @@ the problem's kind, level-1 targets are the base answer, and the gates pass a so
 cards and fail one that ignores them (scripted solvers)."""
 
 import collections
+import dataclasses
+import os
 
 import pytest
 
 from kace import synthetic, testbed
-from lm import generators
+from lm import generators, rundir
 from tests.kace import testbed_helpers
 
 PARAMS = generators.GenerationParams(max_tokens=16, temperature=0.7, seed=3)
 
 
-@pytest.mark.parametrize("hold_out", [True, False])
-def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(hold_out):
-  examples = synthetic.testbed_examples(synthetic.TestbedSolverConfig(examples=3000, hold_out=hold_out))
+SOLVERS = [(True, "short", "rule_first"), (False, "short", "rule_first"), (False, "long", "working")]
+
+
+@pytest.mark.parametrize("hold_out,form,style", SOLVERS)
+def test_training_cards_hold_only_training_conventions_and_targets_follow_the_true_card(
+  hold_out, form, style
+):
+  config = synthetic.TestbedSolverConfig(examples=3000, hold_out=hold_out, form=form, completion=style)
+  examples = synthetic.testbed_examples(config)
   allowed = testbed.TRAIN_H if hold_out else testbed.H
   seen, with_card = set(), collections.Counter()
   for chat, completion in examples:
     text = chat[0]["content"]
     notes, question = text.rsplit("Problem: ", 1)
     kind, base = testbed.parse_question(question)
+    assert question == testbed.question(kind, *_operands(question), form)
     held = [testbed.parse_card(line) for line in notes.splitlines() if line.startswith("- [convention]")]
     assert all(rule in allowed for _, rule in held)
     seen |= {rule for _, rule in held}
@@ -33,17 +42,25 @@ def test_training_cards_hold_only_training_conventions_and_targets_follow_the_tr
     if level == 1:
       assert answer == base
     elif rule is not None:
-      assert answer == rule.apply(base) and completion == rule.working(base)
+      assert answer == rule.apply(base) and completion == rule.completion(base, style, form)
+      assert notes.count(testbed.card_text(kind, rule, form) + "\n") == 1
     with_card[level, rule is not None] += 1
   share = with_card[2, True] / (with_card[2, True] + with_card[2, False])
   assert 0.6 < share < 0.8  # card_fraction 0.7
   assert seen == set(allowed)
 
 
+def _operands(question):
+  a, op, b = question.split(": ", 1)[1].removeprefix("What is ").rstrip("?").split(" ")
+  return int(a), op, int(b)
+
+
 def test_solver_config_key_changes_with_every_field():
   base = synthetic.TestbedSolverConfig()
   assert base.key() == synthetic.TestbedSolverConfig().key()
   assert base.key() != synthetic.TestbedSolverConfig(steps=base.steps + 1).key()
+  assert base.key() != synthetic.TestbedSolverConfig(form="long").key()
+  assert base.key() != synthetic.TestbedSolverConfig(completion="working").key()
   assert base.key() != synthetic.TinySolverConfig().key()
 
 
@@ -58,12 +75,34 @@ class CardBlind:
     return out
 
 
-def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them():
-  config = testbed.TestbedConfig(seed=1)
+@pytest.mark.parametrize("form", testbed.FORMS)
+def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form):
+  config = testbed.TestbedConfig(seed=1, form=form)
   good = synthetic.testbed_gates(testbed_helpers.ConventionSolver(), config, PARAMS, samples=4)
   assert good["all_passed"], good
   assert good["rates"]["true_card/L2"] == 1.0 and good["rates"]["true_card_and_distractors/L3"] == 1.0
   assert good["rates"]["no_card/L1"] == 1.0
+  # unseeded params are seeded by the testbed: the scripted solver's guesses repeat run to run
+  unseeded = dataclasses.replace(PARAMS, seed=None)
+  solver = testbed_helpers.ConventionSolver()
+  first, second = (synthetic.testbed_gates(solver, config, unseeded) for _ in "ab")
+  assert first == second
   blind = synthetic.testbed_gates(CardBlind(), config, PARAMS, samples=2)
   assert blind["passed"] == {"true_card": False, "no_card": True, "true_card_and_distractors": False}
   assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_curriculum_build_trains_a_short_prompt_phase_first(tmp_path):
+  """`curriculum_steps`: the build's history holds the first phase (on prompts with at most
+  `curriculum_distractors` cards besides the true one) before the main phase's steps."""
+  config = synthetic.TestbedSolverConfig(
+    examples=32, steps=2, batch_size=4, hidden_size=32, intermediate_size=64, curriculum_steps=3
+  )
+  few = dataclasses.replace(config, max_distractors=config.curriculum_distractors)
+  cards = [chat[0]["content"].count("- [convention]") for chat, _ in synthetic.testbed_examples(few)]
+  assert max(cards) <= config.curriculum_distractors + 1
+  path = synthetic.ensure_testbed_solver(str(tmp_path), config)
+  history = rundir.read_json(os.path.join(path, "build.json"))["sft"]
+  phases = [(h.get("phase", "main"), h["step"]) for h in history]
+  assert phases == [("curriculum", 1), ("curriculum", 2), ("curriculum", 3), ("main", 1), ("main", 2)]

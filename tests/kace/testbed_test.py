@@ -82,14 +82,50 @@ def test_bad_config_is_rejected():
     testbed.TestbedConfig(per_cell=4, test_per_cell=4)
 
 
-@hypothesis.given(st.sampled_from(testbed.H), st.sampled_from(sorted(testbed.KIND_OF_WORD)))
-def test_card_text_round_trips(rule, kind):
-  assert testbed.parse_card(testbed.card_text(kind, rule)) == (kind, rule)
-  assert testbed.parse_card("- [convention] " + testbed.card_text(kind, rule)) == (kind, rule)
+@hypothesis.given(
+  st.sampled_from(testbed.H), st.sampled_from(sorted(testbed.KIND_OF_WORD)), st.sampled_from(testbed.FORMS)
+)
+def test_card_text_round_trips(rule, kind, form):
+  assert testbed.parse_card(testbed.card_text(kind, rule, form)) == (kind, rule)
+  assert testbed.parse_card("- [convention] " + testbed.card_text(kind, rule, form)) == (kind, rule)
 
 
-@hypothesis.given(st.integers(0, 99), st.sampled_from(["+", "mod", "*"]), st.integers(1, 99))
-def test_question_base_is_computed_symbolically(a, op, b):
+def test_forms_differ_and_unknown_forms_are_rejected():
+  rule = testbed.Convention("add", 3)
+  assert testbed.card_text("total", rule, "short") == "total: add 3"
+  assert testbed.card_text("total", rule, "long") == "total problems: add 3 to the result."
+  assert testbed.question("total", 3, "+", 4, "short") == "total: 3 + 4"
+  assert testbed.question("total", 3, "+", 4, "long") == "total: What is 3 + 4?"
+  # a short question is not a card and a short card is not a question
+  assert testbed.parse_card(testbed.question("total", 3, "+", 4)) is None
+  assert testbed.parse_question(testbed.card_text("total", rule)) is None
+  with pytest.raises(ValueError, match="form"):
+    testbed.card_text("total", rule, "tiny")
+  with pytest.raises(ValueError, match="form"):
+    testbed.TestbedConfig(form="tiny")
+
+
+def test_completion_styles():
+  rule = testbed.Convention("mul", 2)
+  assert rule.completion(7, "working") == "7 * 2 -> \\boxed{14}"
+  assert rule.completion(7, "rule_first") == "times 2: 7 * 2 -> \\boxed{14}"
+  assert rule.completion(7, "rule_first", "long") == "multiply the result by 2: 7 * 2 -> \\boxed{14}"
+  assert testbed.IDENTITY.completion(5, "rule_first") == "as is: 5 -> \\boxed{5}"
+  with pytest.raises(ValueError, match="completion"):
+    rule.completion(7, "nope")
+
+
+@hypothesis.given(
+  st.integers(0, 99), st.sampled_from(["+", "mod", "*"]), st.integers(1, 99), st.sampled_from(testbed.FORMS)
+)
+def test_question_base_is_computed_symbolically(a, op, b, form):
   expected = {"+": a + b, "mod": a % b, "*": a * b}[op]
-  assert testbed.parse_question("Problem: " + testbed.question("rest", a, op, b)) == ("rest", expected)
+  question = testbed.question("rest", a, op, b, form)
+  assert testbed.parse_question("Problem: " + question) == ("rest", expected)
   assert testbed.parse_question("What is 3 + 4?") is None
+
+
+@pytest.mark.parametrize("form", testbed.FORMS)
+def test_problems_use_the_configured_form(form):
+  _, test = testbed.TestbedConfig(seed=1, form=form).problems()
+  assert all(("What is" in p.question) == (form == "long") for p in test)
