@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from lm import model as model_lib
 from lm import sharding as sharding_lib
 from lm.model import Qwen, default_positions
 from lm.shapes import pow2_bucket, round_up
@@ -114,6 +115,13 @@ class Sampler:
     # matrix (7.0 vs 29.8 ms at [8, 512] x [512, 32000]; inside one jit a transpose would be
     # folded back into the dot). Costs one extra copy.
     self._head_dv = _transpose(self.model.output_weight_vd())
+    # On CPU, each layer's weights as their own buffers with q/k/v and gate/up fused
+    # (`lm.model.fuse_projections`): prepared here once per parameter update, so no call slices or
+    # concatenates weights. Costs a copy of the layer weights; accelerators, sharded models and
+    # LoRA adapters keep the stacked weights (split inside the program).
+    self._layer_weights = None
+    if jax.default_backend() == "cpu" and self.mesh is None and self.model.lora is None:
+      self._layer_weights = _fuse(self.model.layers.weights())
 
   def generate(
     self,
@@ -216,7 +224,7 @@ class Sampler:
     fn = _generate_fn(
       self._graphdef, n, steps, self.mesh, self.sharding, self.config.cache_dtype or self.model.dtype
     )
-    gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, **inputs))
+    gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
       toks, lps, reasons, texts = [], [], [], []
       for j in range(n):
@@ -251,6 +259,7 @@ class Sampler:
 
 
 _transpose = jax.jit(lambda w: w.T)
+_fuse = jax.jit(model_lib.fuse_projections)
 # XLA:CPU hands every dot to YNNPACK by default, which runs a decode step's skinny products
 # ([B, D] x [D, F], B a few rows) slowly: a profile of shape (a) of benchmarks/sampler_bench.py
 # shows 1.1 ms for each [8, 512] x [512, 1536] product, ~3 GB/s of weights. These options keep
@@ -311,14 +320,17 @@ class _SamplingState:
 def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
   """The jitted prefill + decode loop for one (graph, n, step bucket) — shapes set the rest."""
 
-  def generate(state, head_dv, tokens, mask, temperature, top_p, top_k, seed, eos, stop, max_new):
+  def generate(
+    state, head_dv, layer_weights, tokens, mask, temperature, top_p, top_k, seed, eos, stop, max_new
+  ):
     model = nnx.merge(graphdef, state)
     rows, prompt_len = tokens.shape
     cache_len = prompt_len + steps
     cache = model.init_cache(rows, cache_len, cache_dtype)
     key_mask = jnp.concatenate([mask, jnp.ones((rows, steps), mask.dtype)], axis=1)  # [P, S]
     positions = default_positions(mask)
-    layer_weights = model.unstacked_layer_weights()  # split once, outside the decode loop
+    if layer_weights is None:  # split once, outside the decode loop
+      layer_weights = model.unstacked_layer_weights()
     head = lambda h: jnp.einsum("bd,dv->bv", h, head_dv.astype(h.dtype), preferred_element_type=jnp.float32)
     hidden, cache = model.hidden_states(
       tokens,
