@@ -1,25 +1,56 @@
-"""Greedy decoding: lm.Sampler vs transformers `generate`, same weights, same prompts, one run.
+"""Greedy decoding: lm.Sampler against the engines a user would pick instead, in one interleaved run.
 
-  python -m benchmarks.sampler_bench            # both shapes
-  python -m benchmarks.sampler_bench --shapes=a # the small Qwen3 only
+  python -m benchmarks.sampler_bench                 # shapes (a) and (b), every installed engine
+  python -m benchmarks.sampler_bench --shapes=a      # the small Qwen3 only
+  python -m benchmarks.sampler_bench --quick         # a tiny shape, ours and transformers, seconds
+  python -m benchmarks.sampler_bench --shapes=a --engines=ours --baseline=HEAD~1   # a change's ratio
 
-For each shape it prints decode tokens/s of both implementations and their ratio, our compile
-time, the machine's measured memory bandwidth and the fraction of the bandwidth roofline our
-decode steps reach (bytes a decode step must read — every weight once plus the KV cache in use —
-divided by bandwidth, over the measured step time).
+Engines: `ours` (`lm.Sampler`), `transformers` (`generate`, PyTorch), `vllm` (vLLM's CPU build) and
+`tunix` (tunix's `Sampler`); the last two live in their own virtual environments, made by
+`bash benchmarks/setup_engines.sh` (`.bench/vllm`, `.bench/tunix`); one that is not installed is
+skipped with a line saying so. Every engine runs in its own process (`benchmarks.engines`, a worker
+driven over a pipe), loads the same random-weight float32 Qwen3 checkpoint (written here with
+transformers' `save_pretrained`, no network) and greedily continues the same prompts, EOS ignored,
+with the same thread count. Each worker loads one at a time, then warms up; then every trial runs
+each engine once — 1 new token (t1: prefill and the first step), then `new_tokens` — in an order
+that rotates from trial to trial, so machine load falls on every engine alike.
+
+`--baseline=REF` adds the engine `ours@REF`: `lm` as committed at REF (extracted with `git archive`),
+so a change to the sampler is measured against its parent in the same interleaved run.
+
+Reported per engine, as median [min–max] over the trials: decode tok/s = B·(new − 1) / (t_new − t1)
+(prefill not counted), end-to-end tok/s = B·new / t_new, t1 (the time to the first token), and the
+ratios ours ÷ engine computed within each trial (so a slow moment of the machine cancels); load
+time (checkpoint to ready) and warm-up (first calls minus the median steady calls: compilation
+for the JIT engines); greedy agreement with ours over the first 16 new tokens. Also printed: the
+CPU, its SIMD flags, the measured read bandwidth and the load average before and after.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import pathlib
+import shutil
+import statistics
+import subprocess
 import tempfile
 import time
 
 from absl import app, flags
 
-_SHAPES = flags.DEFINE_list("shapes", ["a", "b"], "Which shapes to run: a (small Qwen3), b (Qwen3-0.6B).")
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed repetitions per measurement (best is kept).")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENGINES = ("ours", "transformers", "vllm", "tunix")
+AGREEMENT_STEPS = 16
+
+_SHAPES = flags.DEFINE_list("shapes", ["a", "b"], "Shapes to run: a (small Qwen3), b (Qwen3-0.6B).")
+_ENGINES = flags.DEFINE_list("engines", list(ENGINES), "Engines to run (where installed).")
+_TRIALS = flags.DEFINE_integer("trials", 7, "Interleaved trials per shape.")
+_QUICK = flags.DEFINE_bool("quick", False, "A tiny shape, ours and transformers, 3 trials: seconds.")
+_OUT = flags.DEFINE_string("out", "", "Also write every measurement to this JSON file.")
+_THREADS = flags.DEFINE_integer("threads", 0, "Threads per engine (0: every core of the machine).")
+_BASELINE = flags.DEFINE_string("baseline", "", "A git ref: also run `ours@REF`, this project's lm at REF.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,46 +66,80 @@ class Shape:
   batch: int
   prompt_len: int
   new_tokens: int
-  tied: bool = True
+  # transformers at (b) takes ~2 minutes a trial (~0.9 s a step), so it runs at (a) only.
+  engines: tuple[str, ...] = ENGINES
 
 
 SHAPES = {
   "a": Shape("(a) small Qwen3", 4, 512, 1536, 8, 4, 64, 32_000, 8, 64, 128),
-  "b": Shape("(b) Qwen3-0.6B shape", 28, 1024, 3072, 16, 8, 128, 151_936, 4, 64, 128),
+  "b": Shape(
+    "(b) Qwen3-0.6B shape", 28, 1024, 3072, 16, 8, 128, 151_936, 4, 64, 128, ("ours", "vllm", "tunix")
+  ),
+  "quick": Shape("tiny", 2, 64, 128, 4, 2, 16, 512, 2, 8, 32, ("ours", "transformers")),
 }
 
 
-def _best(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
+@dataclasses.dataclass(frozen=True)
+class Trial:
+  """One engine's timed calls in one trial."""
+
+  t1: float  # seconds for 1 new token: prefill and the first step
+  t_new: float  # seconds for shape.new_tokens new tokens
 
 
-def measure_bandwidth(num_bytes: int = 1 << 30) -> float:
-  """Read bandwidth in bytes/s: a jitted sum over a buffer far larger than the caches."""
-  import jax
-  import jax.numpy as jnp
+@dataclasses.dataclass(frozen=True)
+class EngineResult:
+  engine: str
+  version: str
+  threads: int
+  load_s: float
+  warmup_s: float
+  trials: list[Trial]
+  decode_tok_s: list[float]
+  e2e_tok_s: list[float]
+  t1_ms: list[float]  # time to the first token
+  agreement: float  # fraction of the first AGREEMENT_STEPS greedy tokens equal to ours
+  distinct_tokens: int  # distinct ids among those tokens (a degenerate model repeats one)
 
-  x = jnp.ones((num_bytes // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  total(x).block_until_ready()
-  seconds = _best(lambda: total(x).block_until_ready(), 5)
-  return num_bytes / seconds
+
+def spread(values: list[float]) -> dict[str, float]:
+  return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run_shape(shape: Shape, repeats: int, bandwidth: float) -> dict:
+def fmt(values: list[float], digits: int = 1) -> str:
+  s = spread(values)
+  return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def engine_python(engine: str) -> pathlib.Path:
+  """The interpreter an engine runs under: the project's own, or its venv's under .bench/."""
+  if engine in ("transformers",) or engine.startswith("ours"):
+    return ROOT / ".venv" / "bin" / "python"
+  return ROOT / ".bench" / engine / "bin" / "python"
+
+
+def extract_ref(ref: str, into: pathlib.Path) -> pathlib.Path:
+  """`lm/` as committed at `ref`, extracted under `into` (no worktree, no change to the repository)."""
+  into.mkdir(parents=True)
+  archive = subprocess.run(["git", "archive", ref, "lm"], cwd=ROOT, check=True, capture_output=True).stdout
+  subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+  return into
+
+
+def write_checkpoint(shape: Shape, path: pathlib.Path) -> None:
+  """A random float32 Qwen3 checkpoint and prompts.json, built locally.
+
+  Weights are drawn with std 0.1 (not Qwen's 0.02): at 0.02 a random model's greedy rows repeat
+  one token, and agreement between engines would say nothing. RoPE base 1e6 because tunix uses
+  1e6 whatever the config says; `rope_theta` is written at the top level as well, for readers of
+  config.json older than transformers 5 (vLLM's own transformers).
+  """
   import numpy as np
   import torch
   import transformers
 
-  import lm
-  from lm.sampler import Sampler
-
   torch.manual_seed(0)
-  hf_config = transformers.Qwen3Config(
+  config = transformers.Qwen3Config(
     vocab_size=shape.vocab,
     hidden_size=shape.hidden,
     intermediate_size=shape.intermediate,
@@ -82,105 +147,295 @@ def run_shape(shape: Shape, repeats: int, bandwidth: float) -> dict:
     num_attention_heads=shape.heads,
     num_key_value_heads=shape.kv_heads,
     head_dim=shape.head_dim,
-    tie_word_embeddings=shape.tied,
+    tie_word_embeddings=True,
     max_position_embeddings=4096,
+    rope_theta=1_000_000.0,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=1,
+    pad_token_id=0,
   )
-  hf_model = transformers.Qwen3ForCausalLM(hf_config).eval()
+  transformers.Qwen3ForCausalLM(config).save_pretrained(path)
+  config_file = path / "config.json"
+  written = json.loads(config_file.read_text())
+  written["rope_theta"] = 1_000_000.0
+  config_file.write_text(json.dumps(written, indent=2))
   prompts = np.random.RandomState(0).randint(10, shape.vocab, (shape.batch, shape.prompt_len))
-  with tempfile.TemporaryDirectory() as tmp:
-    hf_model.save_pretrained(tmp)
-    model = lm.load_hf(tmp, dtype="float32")
-  sampler = Sampler(model)
-  prompt_lists = prompts.tolist()
+  (path / "prompts.json").write_text(json.dumps(prompts.tolist()))
 
-  def ours(new_tokens):
-    out = sampler.generate(prompt_lists, max_new_tokens=new_tokens, temperature=0.0)
-    assert all(len(t[0]) == new_tokens for t in out.tokens)
-    return out
 
-  start = time.perf_counter()
-  ours(shape.new_tokens)
-  first_call = time.perf_counter() - start
-  ours(1)
-  ours_full = _best(lambda: ours(shape.new_tokens), repeats)
-  ours_prefill = _best(lambda: ours(1), repeats)
-  compile_s = first_call - ours_full
+class Worker:
+  """A `benchmarks/engines.py` process: commands in on stdin, JSON answers out on stdout.
 
-  input_ids = torch.tensor(prompts)
+  `source` is the tree whose `lm` the `ours` engines import (PYTHONPATH): the repository itself, or
+  a ref extracted by `extract_ref`.
+  """
 
-  def theirs(new_tokens):
-    with torch.no_grad():
-      return hf_model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        eos_token_id=None,
-        pad_token_id=0,
+  def __init__(
+    self, engine: str, checkpoint: pathlib.Path, log: pathlib.Path, env: dict[str, str], source: pathlib.Path
+  ):
+    self.engine = engine
+    self.log = log
+    self._log_file = open(log, "w")  # noqa: SIM115 - closed in close()
+    kind = "ours" if engine.startswith("ours") else engine
+    self.proc = subprocess.Popen(
+      [str(engine_python(engine)), str(ROOT / "benchmarks" / "engines.py"), kind, str(checkpoint)],
+      cwd=source,
+      env={**env, "PYTHONPATH": str(source)},
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self._log_file,
+      text=True,
+    )
+
+  def call(self, **command) -> dict:
+    self.proc.stdin.write(json.dumps(command) + "\n")
+    self.proc.stdin.flush()
+    line = self.proc.stdout.readline()
+    if not line:
+      tail = "".join(self.log.read_text().splitlines(keepends=True)[-15:])
+      raise RuntimeError(f"{self.engine} worker exited (code {self.proc.wait()}); its log ends:\n{tail}")
+    reply = json.loads(line)
+    if "error" in reply:
+      raise RuntimeError(f"{self.engine}: {reply['error']}")
+    return reply
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      try:
+        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+      except (BrokenPipeError, subprocess.TimeoutExpired):
+        self.proc.kill()
+        self.proc.wait()
+    self._log_file.close()
+
+
+def worker_env(shape: Shape, threads: int, workdir: pathlib.Path) -> dict[str, str]:
+  """Every engine's environment: same threads, offline, compilation caches cold (none persists)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "PYTHONPATH")}
+  env.update(
+    JAX_PLATFORMS="cpu",
+    HF_HUB_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    OMP_NUM_THREADS=str(threads),
+    # vLLM in this process (its engine core would otherwise be a second process) with a KV-cache
+    # reservation that fits next to the other engines.
+    VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    VLLM_CPU_KVCACHE_SPACE="1",
+    VLLM_CACHE_ROOT=str(workdir / "vllm_cache"),
+    BENCH_MAX_NEW=str(shape.new_tokens),
+  )
+  return env
+
+
+def available(engines: list[str]) -> tuple[list[str], list[str]]:
+  """(engines to run, lines about the ones skipped)."""
+  run, skipped = [], []
+  for engine in engines:
+    if engine_python(engine).exists():
+      run.append(engine)
+    else:
+      skipped.append(
+        f"{engine}: not installed ({engine_python(engine).relative_to(ROOT)} missing; "
+        f"`bash benchmarks/setup_engines.sh {engine}`), skipped"
       )
+  return run, skipped
 
-  theirs(2)
-  hf_full = _best(lambda: theirs(shape.new_tokens), repeats)
-  hf_prefill = _best(lambda: theirs(1), repeats)
 
-  # Same greedy continuation (checked on the first 16 tokens: fp32 reductions differ in order, so
-  # near-ties may diverge later on random weights).
-  ours_tokens = np.asarray([t[0] for t in ours(16).tokens])
-  hf_tokens = theirs(16)[:, shape.prompt_len :].numpy()
-  agreement = float(np.mean(ours_tokens == hf_tokens))
+def run_shape(
+  shape: Shape,
+  engines: list[str],
+  trials: int,
+  threads: int,
+  workdir: pathlib.Path,
+  sources: dict[str, pathlib.Path],
+) -> dict:
+  """Every engine at one shape, trials interleaved; returns the measurements and failures.
 
-  steps = shape.new_tokens - 1
-  ours_step = (ours_full - ours_prefill) / steps
-  hf_step = (hf_full - hf_prefill) / steps
-  weight_bytes = sum(p.numel() * 4 for p in hf_model.parameters())
-  mean_kv_len = shape.prompt_len + shape.new_tokens / 2
-  kv_bytes = 2 * shape.layers * shape.batch * mean_kv_len * shape.kv_heads * shape.head_dim * 4
-  ideal_step = (weight_bytes + kv_bytes) / bandwidth
-  return {
-    "shape": shape.name,
-    "ours_tok_s": shape.batch / ours_step,
-    "hf_tok_s": shape.batch / hf_step,
-    "ratio": hf_step / ours_step,
-    "compile_s": compile_s,
-    "ours_step_ms": ours_step * 1e3,
-    "hf_step_ms": hf_step * 1e3,
-    "roofline_step_ms": ideal_step * 1e3,
-    "roofline_fraction": ideal_step / ours_step,
-    "hf_roofline_fraction": ideal_step / hf_step,
-    "greedy_agreement_16": agreement,
-  }
+  `sources` maps an `ours@REF` engine to its extracted tree (every other engine runs from ROOT).
+  """
+  checkpoint = workdir / "checkpoint"
+  write_checkpoint(shape, checkpoint)
+  env = worker_env(shape, threads, workdir)
+  workers, failures, info, first = {}, {}, {}, {}
+  try:
+    for engine in engines:  # one at a time, so load times are not shared
+      worker = Worker(engine, checkpoint, workdir / f"{engine}.log", env, sources.get(engine, ROOT))
+      try:
+        info[engine] = worker.call(cmd="load")
+        first[engine] = (
+          worker.call(cmd="generate", new=1)["seconds"],
+          worker.call(cmd="generate", new=shape.new_tokens)["seconds"],
+        )
+        workers[engine] = worker
+      except RuntimeError as e:
+        failures[engine] = str(e)
+        worker.close()
+    timed = {e: [] for e in workers}
+    tokens = {}
+    order = list(workers)
+    for trial in range(trials):
+      rotated = order[trial % len(order) :] + order[: trial % len(order)]
+      for engine in rotated:
+        t1 = workers[engine].call(cmd="generate", new=1)["seconds"]
+        reply = workers[engine].call(cmd="generate", new=shape.new_tokens)
+        timed[engine].append(Trial(t1=t1, t_new=reply["seconds"]))
+        got = reply["tokens"]
+        if len(got) != shape.batch or any(len(row) != shape.new_tokens for row in got):
+          raise RuntimeError(
+            f"{engine} returned {[len(r) for r in got]} tokens, not {shape.new_tokens} a row"
+          )
+        tokens.setdefault(engine, got)
+  finally:
+    for worker in workers.values():
+      worker.close()
+  results = {}
+  reference = [row[:AGREEMENT_STEPS] for row in tokens.get("ours", [])]
+  for engine, runs in timed.items():
+    t1s, tnews = [r.t1 for r in runs], [r.t_new for r in runs]
+    mine = [row[:AGREEMENT_STEPS] for row in tokens[engine]]
+    same = [a == b for ra, rb in zip(mine, reference, strict=False) for a, b in zip(ra, rb, strict=True)]
+    results[engine] = EngineResult(
+      engine=engine,
+      version=info[engine]["version"],
+      threads=info[engine]["threads"],
+      load_s=info[engine]["load_s"],
+      warmup_s=sum(first[engine]) - statistics.median(t1s) - statistics.median(tnews),
+      trials=runs,
+      decode_tok_s=[shape.batch * (shape.new_tokens - 1) / (r.t_new - r.t1) for r in runs],
+      e2e_tok_s=[shape.batch * shape.new_tokens / r.t_new for r in runs],
+      t1_ms=[1e3 * r.t1 for r in runs],
+      agreement=sum(same) / len(same) if reference else float("nan"),
+      distinct_tokens=len({t for row in mine for t in row}),
+    )
+  return {"shape": dataclasses.asdict(shape), "results": results, "failures": failures}
+
+
+def ratios(results: dict[str, EngineResult], engine: str, field: str) -> list[float]:
+  """ours ÷ engine of a per-trial measurement, trial by trial (for t1: < 1 means ours is faster)."""
+  ours, theirs = getattr(results["ours"], field), getattr(results[engine], field)
+  return [a / b for a, b in zip(ours, theirs, strict=True)]
+
+
+def print_shape(shape: Shape, measured: dict) -> None:
+  results = measured["results"]
+  print(f"\n{shape.name}: {shape.layers} layers, D {shape.hidden}, F {shape.intermediate}, heads "
+        f"{shape.heads}/{shape.kv_heads}, head_dim {shape.head_dim}, V {shape.vocab}; batch {shape.batch}, "
+        f"prompt {shape.prompt_len}, {shape.new_tokens} new tokens; medians [min–max] over "
+        f"{len(next(iter(results.values())).trials) if results else 0} interleaved trials")  # fmt: skip
+  header = (
+    f"{'engine':13} {'decode tok/s':>22} {'ours÷ decode':>19} {'end-to-end tok/s':>22} "
+    f"{'ours÷ e2e':>19} {'t1 ms':>19} {'ours÷ t1':>19} {'load s':>7} {'warm-up s':>9} {'agree':>5}  version"
+  )
+  print(header)
+  for engine, r in results.items():
+    if "ours" in results and engine != "ours":
+      decode_ratio, e2e_ratio, t1_ratio = (
+        fmt(ratios(results, engine, "decode_tok_s"), 2),
+        fmt(ratios(results, engine, "e2e_tok_s"), 2),
+        fmt(ratios(results, engine, "t1_ms"), 2),
+      )
+    else:
+      decode_ratio = e2e_ratio = t1_ratio = "1"
+    print(
+      f"{engine:13} {fmt(r.decode_tok_s):>22} {decode_ratio:>19} {fmt(r.e2e_tok_s):>22} {e2e_ratio:>19} "
+      f"{fmt(r.t1_ms, 0):>19} {t1_ratio:>19} {r.load_s:7.1f} {r.warmup_s:9.1f} {r.agreement:5.2f}  "
+      f"{r.version}, {r.threads} threads",
+      flush=True,
+    )  # fmt: skip
+  if "ours" in results:
+    print(
+      f"greedy agreement over {AGREEMENT_STEPS} steps; "
+      f"ours emitted {results['ours'].distinct_tokens} distinct ids"
+    )
+  for engine, why in measured["failures"].items():
+    print(f"{engine}: FAILED — {why}")
+
+
+def cpu_description() -> str:
+  """The CPU's model name and the SIMD flags that matter for these kernels, from /proc/cpuinfo."""
+  model, flag_set = "unknown CPU", set()
+  try:
+    for line in open("/proc/cpuinfo"):
+      key, _, value = line.partition(":")
+      if key.strip() == "model name":
+        model = value.strip()
+      elif key.strip() == "flags":
+        flag_set = set(value.split())
+        break
+  except OSError:
+    pass
+  wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+  return f"{model} ({' '.join(f for f in wanted if f in flag_set) or 'no AVX2'})"
+
+
+def measure_bandwidth(num_bytes: int = 1 << 29) -> float:
+  """Read bandwidth in bytes/s: a jitted sum over a buffer far larger than the caches, best of 5."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jnp.ones((num_bytes // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  total(x).block_until_ready()
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    total(x).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return num_bytes / min(times)
 
 
 def main(argv):
   del argv
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  import jax
-
-  jax.config.update("jax_default_matmul_precision", "highest")
-  import torch
-
-  bandwidth = measure_bandwidth()
+  shapes = ["quick"] if _QUICK.value else _SHAPES.value
+  trials = 3 if _QUICK.value and _TRIALS.value == _TRIALS.default else _TRIALS.value
+  threads = _THREADS.value or os.cpu_count()
+  load_before = os.getloadavg()
+  bandwidth = measure_bandwidth(1 << 26 if _QUICK.value else 1 << 29)
   print(
-    f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}, "
-    f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
-    f"measured read bandwidth {bandwidth / 1e9:.1f} GB/s"
+    f"machine: {os.cpu_count()} CPUs, {cpu_description()}; measured read bandwidth "
+    f"{bandwidth / 1e9:.1f} GB/s; load average {' '.join(f'{x:.2f}' for x in load_before)} "
+    f"(1/5/15 min) at start; {threads} threads per engine",
+    flush=True,
   )
-  header = (
-    f"{'shape':24} {'ours tok/s':>10} {'HF tok/s':>9} {'ratio':>6} {'compile s':>9} "
-    f"{'ours ms/step':>12} {'HF ms/step':>10} {'roofline ms':>11} {'ours %roof':>10} "
-    f"{'HF %roof':>8} {'agree':>5}"
-  )
-  print(header)
-  for key in _SHAPES.value:
-    r = run_shape(SHAPES[key], _REPEATS.value, bandwidth)
-    print(
-      f"{r['shape']:24} {r['ours_tok_s']:10.1f} {r['hf_tok_s']:9.1f} {r['ratio']:6.2f} "
-      f"{r['compile_s']:9.1f} {r['ours_step_ms']:12.2f} {r['hf_step_ms']:10.2f} "
-      f"{r['roofline_step_ms']:11.2f} {100 * r['roofline_fraction']:9.0f}% "
-      f"{100 * r['hf_roofline_fraction']:7.0f}% {r['greedy_agreement_16']:5.2f}",
-      flush=True,
-    )
+  record = {
+    "bandwidth_gb_s": bandwidth / 1e9,
+    "cpu": cpu_description(),
+    "load_before": load_before,
+    "shapes": {},
+  }
+  workdir = pathlib.Path(tempfile.mkdtemp(prefix="sampler_bench_"))
+  sources = {}
+  if _BASELINE.value:
+    sources[f"ours@{_BASELINE.value}"] = extract_ref(_BASELINE.value, workdir / "baseline")
+  try:
+    for key in shapes:
+      shape = SHAPES[key]
+      wanted = [e for e in _ENGINES.value if e in shape.engines] + list(sources)
+      engines, skipped = available(wanted)
+      for line in skipped:
+        print(line)
+      shape_dir = workdir / key
+      shape_dir.mkdir()
+      measured = run_shape(shape, engines, trials, threads, shape_dir, sources)
+      print_shape(shape, measured)
+      record["shapes"][key] = {
+        **measured,
+        "results": {e: dataclasses.asdict(r) for e, r in measured["results"].items()},
+        "skipped": skipped,
+      }
+      if measured["failures"]:
+        print(f"(worker logs kept in {shape_dir})")
+  finally:
+    if not any(s["failures"] for s in record["shapes"].values()):
+      shutil.rmtree(workdir, ignore_errors=True)
+  record["load_after"] = os.getloadavg()
+  print(f"\nload average {' '.join(f'{x:.2f}' for x in record['load_after'])} at the end")
+  if _OUT.value:
+    pathlib.Path(_OUT.value).write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":

@@ -438,9 +438,17 @@ def decoder_layer(
   eps = config.rms_norm_eps
   cast = lambda name: w[name].astype(dtype)
   h = rms_norm(x, w["input_norm_d"], eps)
-  q = project("btd,dnh->btnh", h, w, "q_dnh", dtype)
-  k = project("btd,dkh->btkh", h, w, "k_dkh", dtype)
-  v = project("btd,dkh->btkh", h, w, "v_dkh", dtype)
+  if "qkv_dx" in w:  # fused weights (`fuse_projections`): one product instead of three
+    b, t = h.shape[:2]
+    n, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = jnp.einsum("btd,dx->btx", h, w["qkv_dx"].astype(dtype))
+    q = qkv[..., : n * hd].reshape(b, t, n, hd)
+    k = qkv[..., n * hd : (n + kv_heads) * hd].reshape(b, t, kv_heads, hd)
+    v = qkv[..., (n + kv_heads) * hd :].reshape(b, t, kv_heads, hd)
+  else:
+    q = project("btd,dnh->btnh", h, w, "q_dnh", dtype)
+    k = project("btd,dkh->btkh", h, w, "k_dkh", dtype)
+    v = project("btd,dkh->btkh", h, w, "v_dkh", dtype)
   if config.qkv_bias:
     q, k, v = q + cast("q_bias_nh"), k + cast("k_bias_kh"), v + cast("v_bias_kh")
   if config.qk_norm:
@@ -459,10 +467,34 @@ def decoder_layer(
   attn = attend(q, k, v, mask, config.attention_block)  # [B, T, N, H]
   x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
   h = rms_norm(x, w["post_norm_d"], eps)
-  gate = project("btd,df->btf", h, w, "gate_df", dtype)
-  up = project("btd,df->btf", h, w, "up_df", dtype)
+  if "gate_up_dx" in w:
+    gate, up = jnp.split(jnp.einsum("btd,dx->btx", h, w["gate_up_dx"].astype(dtype)), 2, axis=-1)
+  else:
+    gate = project("btd,df->btf", h, w, "gate_df", dtype)
+    up = project("btd,df->btf", h, w, "up_df", dtype)
   x = x + project("btf,fd->btd", jax.nn.silu(gate) * up, w, "down_fd", dtype)
   return x, kv
+
+
+_FUSED = {"qkv_dx": ("q_dnh", "k_dkh", "v_dkh"), "gate_up_dx": ("gate_df", "up_df")}
+
+
+def fuse_projections(stacked: dict[str, Array]) -> LayerWeights:
+  """Per-layer weights with q/k/v as one [D, (N + 2K)·H] matrix and gate/up as one [D, 2F].
+
+  For decoding on CPU, where a step's products have a few rows each and XLA:CPU spends as much on
+  each product's launch and packing as on its arithmetic: one wide product does the work of three
+  (or two) skinny ones. `decoder_layer` takes this path when it finds the fused entries. The
+  concatenation copies those weights, so callers make it once (per parameter update), outside
+  any jitted step, and only without a LoRA adapter (whose updates `project` applies per weight).
+  """
+  if any(name.endswith(("_lora_a", "_lora_b")) for name in stacked):
+    raise ValueError("fuse_projections: weights with a LoRA adapter are projected one by one")
+  fused = {k: v for k, v in stacked.items() if not any(k in parts for parts in _FUSED.values())}
+  for name, parts in _FUSED.items():
+    fused[name] = jnp.concatenate([stacked[p].reshape(*stacked[p].shape[:2], -1) for p in parts], axis=-1)
+  layers = next(iter(stacked.values())).shape[0]
+  return [{name: w[i] for name, w in fused.items()} for i in range(layers)]
 
 
 def _is_prefill(cache_index: Array | int) -> bool:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from lm import model as model_lib
 from lm import sharding as sharding_lib
 from lm.model import Qwen, default_positions
 from lm.shapes import pow2_bucket, round_up
@@ -114,6 +115,13 @@ class Sampler:
     # matrix (7.0 vs 29.8 ms at [8, 512] x [512, 32000]; inside one jit a transpose would be
     # folded back into the dot). Costs one extra copy.
     self._head_dv = _transpose(self.model.output_weight_vd())
+    # On CPU, each layer's weights as their own buffers with q/k/v and gate/up fused
+    # (`lm.model.fuse_projections`): prepared here once per parameter update, so no call slices or
+    # concatenates weights. Costs a copy of the layer weights; accelerators, sharded models and
+    # LoRA adapters keep the stacked weights (split inside the program).
+    self._layer_weights = None
+    if jax.default_backend() == "cpu" and self.mesh is None and self.model.lora is None:
+      self._layer_weights = _fuse(self.model.layers.weights())
 
   def generate(
     self,
@@ -216,7 +224,7 @@ class Sampler:
     fn = _generate_fn(
       self._graphdef, n, steps, self.mesh, self.sharding, self.config.cache_dtype or self.model.dtype
     )
-    gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, **inputs))
+    gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
       toks, lps, reasons, texts = [], [], [], []
       for j in range(n):
@@ -251,6 +259,7 @@ class Sampler:
 
 
 _transpose = jax.jit(lambda w: w.T)
+_fuse = jax.jit(model_lib.fuse_projections)
 # XLA:CPU hands every dot to YNNPACK by default, which runs a decode step's skinny products
 # ([B, D] x [D, F], B a few rows) slowly: a profile of shape (a) of benchmarks/sampler_bench.py
 # shows 1.1 ms for each [8, 512] x [512, 1536] product, ~3 GB/s of weights. These options keep
@@ -309,26 +318,59 @@ class _SamplingState:
 
 @functools.lru_cache(maxsize=64)
 def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
-  """The jitted prefill + decode loop for one (graph, n, step bucket) — shapes set the rest."""
+  """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
-  def generate(state, head_dv, tokens, mask, temperature, top_p, top_k, seed, eos, stop, max_new):
+  On CPU these are two executables, so that each gets its own XLA:CPU options: the prefill's
+  products have prompt × rows rows, where XLA:CPU's default library (YNNPACK) is the faster one,
+  and a decode step's have a few rows, where Eigen is (`_CPU_DECODE_OPTIONS`); the cache passes
+  from one to the other. Elsewhere they are one program, as one library serves every product there.
+  """
+
+  def weights_of(state, layer_weights):
     model = nnx.merge(graphdef, state)
+    if layer_weights is None:  # split once, outside the decode loop
+      layer_weights = model.unstacked_layer_weights()
+    return model, layer_weights
+
+  def head(h, head_dv):
+    return jnp.einsum("bd,dv->bv", h, head_dv.astype(h.dtype), preferred_element_type=jnp.float32)
+
+  def key_mask_of(mask):  # [P, S]: the prompt's padding, then every generated slot
+    return jnp.concatenate([mask, jnp.ones((mask.shape[0], steps), mask.dtype)], axis=1)
+
+  def prefill(state, head_dv, layer_weights, tokens, mask):
+    model, layer_weights = weights_of(state, layer_weights)
     rows, prompt_len = tokens.shape
-    cache_len = prompt_len + steps
-    cache = model.init_cache(rows, cache_len, cache_dtype)
-    key_mask = jnp.concatenate([mask, jnp.ones((rows, steps), mask.dtype)], axis=1)  # [P, S]
-    positions = default_positions(mask)
-    layer_weights = model.unstacked_layer_weights()  # split once, outside the decode loop
-    head = lambda h: jnp.einsum("bd,dv->bv", h, head_dv.astype(h.dtype), preferred_element_type=jnp.float32)
     hidden, cache = model.hidden_states(
       tokens,
-      positions=positions,
-      attention_mask=key_mask,
-      cache=cache,
+      positions=default_positions(mask),
+      attention_mask=key_mask_of(mask),
+      cache=model.init_cache(rows, prompt_len + steps, cache_dtype),
       cache_index=0,
       layer_weights=layer_weights,
     )
-    last_logits = head(hidden[:, -1])  # [P, V]: only the last prompt position needs logits
+    return cache, head(hidden[:, -1], head_dv)  # [P, V]: only the last prompt position needs logits
+
+  def generate(
+    state,
+    head_dv,
+    layer_weights,
+    cache,
+    last_logits,
+    tokens,
+    mask,
+    *,
+    temperature,
+    top_p,
+    top_k,
+    seed,
+    eos,
+    stop,
+    max_new,
+  ):
+    model, layer_weights = weights_of(state, layer_weights)
+    rows, prompt_len = tokens.shape
+    key_mask = key_mask_of(mask)
     # n samples per prompt share the prefill: rows become prompt-major [P * n].
     rep = lambda x: jnp.repeat(x, n, axis=0)
     cache = jax.tree.map(rep, cache)
@@ -370,7 +412,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
       )
       return _SamplingState(
         step=step + 1,
-        logits=head(hidden[:, 0]),
+        logits=head(hidden[:, 0], head_dv),
         cache=cache,
         done=done,
         tokens=tokens,
@@ -397,8 +439,20 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype):
     stop_trim = _stop_match_length(out, length, stop)
     return out, out_lp, length - stop_trim, stopped
 
-  on_cpu = jax.default_backend() == "cpu"
-  return jax.jit(generate, compiler_options=_CPU_DECODE_OPTIONS if on_cpu else None)
+  def prefill_and_generate(state, head_dv, layer_weights, tokens, mask, **settings):
+    cache, last_logits = prefill(state, head_dv, layer_weights, tokens, mask)
+    return generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+
+  if jax.default_backend() != "cpu":
+    return jax.jit(prefill_and_generate)  # accelerators: one program, one library for every product
+  cpu_prefill = jax.jit(prefill)
+  cpu_generate = jax.jit(generate, compiler_options=_CPU_DECODE_OPTIONS)
+
+  def run(state, head_dv, layer_weights, tokens, mask, **settings):
+    cache, last_logits = cpu_prefill(state, head_dv, layer_weights, tokens, mask)
+    return cpu_generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+
+  return run
 
 
 def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:

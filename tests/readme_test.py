@@ -61,18 +61,31 @@ COMMANDS = {
   "python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=DIR":
     _RUNS + "test_sweep_over_theory_lists_one_run_per_point",
 }  # fmt: skip
+# `python -m benchmarks...` commands: the full runs take tens of minutes, so their test runs the same
+# harness at the quick shape (a baseline commit included).
+_BENCH = (
+  "tests/benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline_commit"
+)
+COMMANDS.update({
+  "python -m benchmarks.sampler_bench": _BENCH,
+  "python -m benchmarks.sampler_bench --shapes=a": _BENCH,
+  "python -m benchmarks.sampler_bench --quick": _BENCH,
+  "python -m benchmarks.sampler_bench --shapes=a --engines=ours --baseline=HEAD~1": _BENCH,
+})  # fmt: skip
 
 
 def readme_commands(text: str) -> list[str]:
-  """`python -m launch...` commands of fenced blocks (continuations joined, comments dropped) and
-  of inline code spans, whitespace normalised."""
+  """`python -m launch...` and `python -m benchmarks...` commands of fenced blocks (continuations
+  joined, comments dropped) and of inline code spans, whitespace normalised."""
   found = []
   for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
     for line in re.sub(r"\\\n\s*", " ", block).splitlines():
       line = line.split("  #")[0].strip()
-      if line.startswith("python -m launch"):
+      if line.startswith(("python -m launch", "python -m benchmarks")):
         found.append(" ".join(line.split()))
-  for span in re.findall(r"`(python -m launch[^`]*)`", re.sub(r"```.*?```", "", text, flags=re.S)):
+  for span in re.findall(
+    r"`(python -m (?:launch|benchmarks)[^`]*)`", re.sub(r"```.*?```", "", text, flags=re.S)
+  ):
     found.append(" ".join(span.split()))
   return found
 

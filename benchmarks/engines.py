@@ -1,0 +1,216 @@
+"""One engine of `benchmarks.sampler_bench` in its own process: a worker driven over a pipe.
+
+  PYTHONPATH=TREE <venv>/bin/python benchmarks/engines.py ENGINE CHECKPOINT_DIR
+
+with the interpreter of the engine's virtual environment (the project's `.venv` for `ours` and
+`transformers`, `.bench/vllm` and `.bench/tunix` for the others, see `benchmarks/setup_engines.sh`).
+Only the `ours` engine imports this project (`lm` from TREE: the working tree, or an older commit
+extracted to measure a change against it); every other engine imports nothing but its own library,
+so it runs in a virtual environment that lacks the project's dependencies.
+
+The worker reads one JSON command a line on stdin and answers one JSON line on the stdout it was
+started with; whatever the engine's library prints goes to stderr instead (fd 1 is redirected), so
+log lines never corrupt the protocol. Commands:
+
+  {"cmd": "load"}                 -> {"load_s", "version", "threads"}
+  {"cmd": "generate", "new": n}   -> {"seconds", "tokens"}: greedy, n new tokens for every prompt,
+                                     EOS ignored; tokens [B][n] generated ids
+  {"cmd": "quit"}                 -> exits
+
+The checkpoint directory holds a transformers `save_pretrained` float32 Qwen3 checkpoint and
+`prompts.json` ([B][P] token ids): every engine reads the same weights and the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _threads() -> int:
+  return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+
+
+class Ours:
+  """`lm.Sampler` in float32 (the project itself)."""
+
+  def __init__(self, path: str, prompts: list[list[int]]):
+    import jax
+
+    import lm
+    from lm.sampler import Sampler
+
+    self.version = f"jax {jax.__version__}"
+    print(f"lm from {os.path.dirname(lm.__file__)}", file=sys.stderr)
+    self.sampler = Sampler(lm.load_hf(path, dtype="float32"))
+    self.prompts = prompts
+
+  def generate(self, new: int) -> list[list[int]]:
+    out = self.sampler.generate(self.prompts, max_new_tokens=new, temperature=0.0)
+    return [t[0] for t in out.tokens]
+
+
+class Transformers:
+  """transformers `generate` (PyTorch, CPU, float32): the reference implementation."""
+
+  def __init__(self, path: str, prompts: list[list[int]]):
+    import torch
+    import transformers
+
+    torch.set_num_threads(_threads())
+    self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    self.torch = torch
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    self.ids = torch.tensor(prompts)
+
+  def generate(self, new: int) -> list[list[int]]:
+    with self.torch.no_grad():
+      out = self.model.generate(
+        self.ids,
+        attention_mask=self.torch.ones_like(self.ids),
+        do_sample=False,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        eos_token_id=None,
+        pad_token_id=0,
+      )
+    return out[:, self.ids.shape[1] :].tolist()
+
+
+class Vllm:
+  """vLLM's CPU build, in this process (no engine-core subprocess), prefix caching off.
+
+  Prefix caching would serve every trial after the first from cached prompt blocks, which none of
+  the other engines does; in-process keeps the work on the threads this process is given.
+  """
+
+  def __init__(self, path: str, prompts: list[list[int]]):
+    import vllm
+
+    self.version = f"vllm {vllm.__version__}"
+    longest = len(prompts[0]) + int(os.environ.get("BENCH_MAX_NEW", "128"))
+    self.llm = vllm.LLM(
+      model=path,
+      dtype="float32",
+      skip_tokenizer_init=True,
+      enable_prefix_caching=False,
+      max_model_len=longest,
+      max_num_seqs=len(prompts),
+      seed=0,
+    )
+    self.vllm = vllm
+    self.prompts = [{"prompt_token_ids": p} for p in prompts]
+
+  def generate(self, new: int) -> list[list[int]]:
+    params = self.vllm.SamplingParams(
+      temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True, detokenize=False
+    )
+    outs = self.llm.generate(self.prompts, params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+class _IdTokenizer:
+  """A tokenizer over space-separated ids: tunix's sampler takes strings and encodes them itself."""
+
+  def __init__(self, pad_id: int):
+    self._pad = pad_id
+
+  def encode(self, text: str, **_) -> list[int]:
+    return [int(t) for t in text.split()]
+
+  def decode(self, ids, **_) -> str:
+    return " ".join(str(int(i)) for i in ids)
+
+  def pad_id(self) -> int:
+    return self._pad
+
+  def eos_id(self) -> int:
+    return -1
+
+  def bos_id(self) -> None:
+    return None  # the prompts are complete: tunix prepends a BOS only when this is set
+
+
+class Tunix:
+  """tunix's `Sampler` (its own JAX / flax NNX Qwen3, loaded from the safetensors files)."""
+
+  def __init__(self, path: str, prompts: list[list[int]]):
+    import importlib.metadata
+
+    import jax
+    import jax.numpy as jnp
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.qwen3 import model as model_lib
+    from tunix.models.qwen3 import params as params_lib
+
+    with open(os.path.join(path, "config.json")) as f:
+      hf = json.load(f)
+    config = model_lib.ModelConfig(
+      num_layers=hf["num_hidden_layers"],
+      vocab_size=hf["vocab_size"],
+      embed_dim=hf["hidden_size"],
+      hidden_dim=hf["intermediate_size"],
+      num_heads=hf["num_attention_heads"],
+      head_dim=hf["head_dim"],
+      num_kv_heads=hf["num_key_value_heads"],
+      rope_theta=int(hf["rope_theta"]),  # unused by tunix 0.1.7's attention, which takes 1e6
+      norm_eps=hf["rms_norm_eps"],
+      use_tied_embedding=hf["tie_word_embeddings"],
+    )
+    model = params_lib.create_model_from_safe_tensors(path, config, None, dtype=jnp.float32)
+    longest = len(prompts[0]) + int(os.environ.get("BENCH_MAX_NEW", "128"))
+    self.sampler = sampler_lib.Sampler(
+      model,
+      _IdTokenizer(0),
+      sampler_lib.CacheConfig(
+        cache_size=longest,
+        num_layers=config.num_layers,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+      ),
+    )
+    self.version = f"tunix {importlib.metadata.version('google-tunix')}, jax {jax.__version__}"
+    self.strings = [" ".join(map(str, p)) for p in prompts]
+    self.prompt_len = len(prompts[0])  # no padding to a power of two: every engine sees P tokens
+
+  def generate(self, new: int) -> list[list[int]]:
+    out = self.sampler(
+      self.strings,
+      max_generation_steps=new,
+      max_prompt_length=self.prompt_len,
+      temperature=0.0,
+      eos_tokens=[-1],
+    )
+    return [[int(t) for t in row] for row in out.tokens]
+
+
+ENGINES = {"ours": Ours, "transformers": Transformers, "vllm": Vllm, "tunix": Tunix}
+
+
+def serve(engine: str, path: str) -> None:
+  protocol = os.fdopen(os.dup(1), "w", buffering=1)
+  os.dup2(2, 1)  # the engine's own prints go to stderr
+  sys.stdout = sys.stderr
+  with open(os.path.join(path, "prompts.json")) as f:
+    prompts = json.load(f)
+  runner = None
+  for line in sys.stdin:
+    command = json.loads(line)
+    if command["cmd"] == "quit":
+      return
+    start = time.perf_counter()
+    if command["cmd"] == "load":
+      runner = ENGINES[engine](path, prompts)
+      reply = {"load_s": time.perf_counter() - start, "version": runner.version, "threads": _threads()}
+    elif command["cmd"] == "generate":
+      tokens = runner.generate(command["new"])
+      reply = {"seconds": time.perf_counter() - start, "tokens": tokens}
+    else:
+      reply = {"error": f"unknown command {command['cmd']!r}"}
+    protocol.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+  serve(sys.argv[1], sys.argv[2])
