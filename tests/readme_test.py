@@ -53,7 +53,9 @@ COMMANDS = {
   "--config.data.synthetic.n=6 --config.data.batch_cases=2 --config.train.steps=2 "
   "--config.train.eval_every=2 \"--config.rollout.lines=('1a','9')\" --config.rollout.compact_forms=True "
   "--config.rollout.max_new_tokens=8 "
-  "--config.rollout.verdict_tokens=8 --config.rollout.decision_tokens=8 --config.rollout.revisions=2":
+  "--config.rollout.verdict_tokens=8 --config.rollout.decision_tokens=8 --config.rollout.revisions=2 "
+  "--config.loss.skip_verifier_on_invalid_draft=False --config.loss.skip_decision_on_invalid_revision=False "
+  "--config.loss.revision_filter=False":
     "tests/dpa_grpo/smoke_test.py::test_qwen3_4b_preset_code_path_runs_two_steps_on_cpu",
   "python -m launch.theory --workdir=runs/theory": _RUNS + "test_theory_smoke_run_writes_its_figures",
   "python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/models/Qwen3-4B":
