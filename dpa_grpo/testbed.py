@@ -32,6 +32,7 @@ from dpa_grpo import config as config_lib
 from dpa_grpo import rollout, setup, train, warm_start
 from dpa_grpo.envs import copycheck
 from lm import rundir, stats
+from lm.gates import GateError
 
 _log = logging.getLogger(__name__)
 
@@ -44,10 +45,6 @@ VALIDATION_SPLIT = "validation"
 GATE_DRAFT = (0.4, 0.8)  # P(x right) of every line: about 0.5-0.7
 GATE_SAC_GAP = (0.1, 0.7)  # SAC rate on wrong drafts minus on right drafts: informative, far from perfect
 GATE_FIX = (0.2, 0.6)  # P(z right | x wrong) after a SAC
-
-
-class GateError(RuntimeError):
-  """The warm-started roles fail a step-0 gate: the testbed cannot show anything about the method."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

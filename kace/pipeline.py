@@ -29,6 +29,7 @@ from kace import (
 )
 from kace import config as config_lib
 from lm import rundir
+from lm.gates import GateError
 
 _log = logging.getLogger(__name__)
 
@@ -222,10 +223,6 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
     ]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
-
-
-class GateError(RuntimeError):
-  """The testbed solver fails a gate: no comparison is run on it (fix the testbed first)."""
 
 
 def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
