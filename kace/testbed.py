@@ -242,7 +242,7 @@ class TestbedConfig:
   per_cell: int = 40
   test_per_cell: int = 12
   control: str = "none"
-  form: str = "short"
+  form: str = "keyed"
 
   def __post_init__(self):
     check_form(self.form)
