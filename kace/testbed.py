@@ -11,10 +11,10 @@ agree. Level 1 has no convention (the identity), so those problems are solved wi
 Every question names its *kind*, one word per (domain, level), and a card states the convention of
 one kind. Three surface forms (`FORMS`): "short" (question "total: 3 + 4", card "total: add 3"),
 "long" (question "total: What is 3 + 4?", card "total problems: add 3 to the result.") and "keyed"
-(the solver's default; question as "short", card "total=addthree"). In the keyed form the card key
-"total=" and each rule "addthree" are single tokens of the solver's vocabulary (`single_tokens`), and
-the key differs from the question's kind word, so a solver that first writes its question's key
-finds exactly one earlier occurrence of it, its card's, and copies the one token after it. A solver
+(the solver's default; question as "short", card "total=addthree"). In the keyed form every card
+is one token of the solver's vocabulary (`single_tokens`), distinct from the question's kind word:
+to start its completion with its kind's card the solver matches the kind it read in the question
+against the cards' tokens and copies the one that matches, a single lookup. A solver
 trained to use context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches
 its question and ignores the others, so a card in the wrong block is a distractor, not a poison;
 with no card it guesses a convention, so samples disagree and problems climb the tiers.
@@ -104,9 +104,8 @@ class Convention:
     """The solver's training completion for base answer `x`: `working`; with style "rule_first"
     the rule as the card states it first ("add 3: 7 + 3 -> \\boxed{10}"), so the lookup of the
     card is its own step, a copy, before any arithmetic; with "card_first" the whole card of the
-    question's `kind` first ("total=addthree: 7 + 3 -> \\boxed{10}"): the kind's card key is
-    written (read from the question), then the rule follows it as the token after that key
-    follows it in the card, a one-token copy an induction head makes."""
+    question's `kind` first ("total=addthree: 7 + 3 -> \\boxed{10}"): in the keyed form a copy of
+    the one card token whose kind is the question's."""
     if style not in COMPLETIONS:
       raise ValueError(f"completion style must be one of {COMPLETIONS}, got {style!r}")
     if style == "card_first":
@@ -145,22 +144,20 @@ def card_text(kind: str, convention: Convention, form: str = "short") -> str:
   if check_form(form) == "short":
     return f"{kind}: {convention.describe(form)}"
   if form == "keyed":
-    return f"{card_key(kind)}{convention.describe(form)}"
+    return f"{kind}={convention.describe(form)}"
   return f"{kind} problems: {convention.describe(form)}."
 
 
-def card_key(kind: str) -> str:
-  """The keyed form's card key ("total="): one token in the solver's vocabulary, distinct from the
-  question's kind word, so the only earlier occurrence of the key a completion writes is its card's."""
-  return f"{kind}="
-
-
 def single_tokens(form: str) -> tuple[str, ...]:
-  """Strings the solver's tokenizer must hold as single tokens for `form`: the keyed form's card keys
-  and rules (so that the card lookup is one key token and the rule one token after it); none else."""
+  """Strings the solver's tokenizer must hold as single tokens for `form`: every card of the keyed
+  form (each kind with each member of H), so that reading a card and writing it are one token each
+  and which card is its kind's is a lookup on one token's embedding; none for the other forms.
+
+  (A first keyed build made the key "total=" and the rule "addthree" two tokens, for an induction
+  head to copy the token after the key; it copied some card's rule instead, docs/kace.md.)"""
   if check_form(form) != "keyed":
     return ()
-  return (*(card_key(kind) for kind in KINDS.values()), *(h.describe(form) for h in H))
+  return tuple(card_text(kind, h, form) for kind in KINDS.values() for h in H)
 
 
 _CARD_RE = re.compile(
