@@ -321,7 +321,7 @@ class TestbedSolverConfig:
       trains on all of H, so what is held out is only which rule belongs to which block. Two builds
       with held-out constants failed their gates (docs/kace.md), hence the default.
     form: the questions' and cards' surface form (`testbed.FORMS`); the testbed uses the solver's.
-      The keyed form's cards are added to the tokenizer as single tokens (`testbed.single_tokens`).
+      The keyed form's rules and card keys are single tokens of the tokenizer (`testbed.single_tokens`).
     completion: the target's style (`testbed.COMPLETIONS`): "card_first" writes the card of the
       question's kind (key, then rule) before the arithmetic, "rule_first" copies only the rule,
       "working" writes only the arithmetic.
@@ -346,7 +346,7 @@ class TestbedSolverConfig:
   completion: str = "card_first"
   curriculum_steps: int = 600
   curriculum_distractors: int = 2
-  vocab_size: int = 768
+  vocab_size: int = 512
   hidden_size: int = 64
   intermediate_size: int = 192
   num_layers: int = 2
@@ -365,7 +365,7 @@ class TestbedSolverConfig:
 
 
 # Bump when the testbed build changes in a way the config does not capture (prompt format, kinds, H).
-TESTBED_SOLVER_VERSION = "5"
+TESTBED_SOLVER_VERSION = "6"
 
 
 def convention_notes(cards: Sequence[str]) -> str:

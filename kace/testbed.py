@@ -11,10 +11,10 @@ agree. Level 1 has no convention (the identity), so those problems are solved wi
 Every question names its *kind*, one word per (domain, level), and a card states the convention of
 one kind. Three surface forms (`FORMS`): "short" (question "total: 3 + 4", card "total: add 3"),
 "long" (question "total: What is 3 + 4?", card "total problems: add 3 to the result.") and "keyed"
-(the solver's default; question as "short", card "total=addthree"). In the keyed form every card
-is one token of the solver's vocabulary (`single_tokens`), distinct from the question's kind word:
-to start its completion with its kind's card the solver matches the kind it read in the question
-against the cards' tokens and copies the one that matches, a single lookup. A solver
+(the solver's default; question as "short", card "addthree=total"). In the keyed form the rule
+"addthree" and the key "=total" are single tokens of the solver's vocabulary (`single_tokens`), the
+key is not the question's kind word, and the rule comes first: a solver that writes its question's
+key "=total" finds the same token in its card and copies the token just before it, the rule.
 trained to use context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches
 its question and ignores the others, so a card in the wrong block is a distractor, not a poison;
 with no card it guesses a convention, so samples disagree and problems climb the tiers.
@@ -104,14 +104,15 @@ class Convention:
     """The solver's training completion for base answer `x`: `working`; with style "rule_first"
     the rule as the card states it first ("add 3: 7 + 3 -> \\boxed{10}"), so the lookup of the
     card is its own step, a copy, before any arithmetic; with "card_first" the whole card of the
-    question's `kind` first ("total=addthree: 7 + 3 -> \\boxed{10}"): in the keyed form a copy of
-    the one card token whose kind is the question's."""
+    question's `kind` first; in the keyed form its key, then its rule ("=totaladdthree: 7 + 3 ->
+    \\boxed{10}"), the rule read from the card holding the same key token."""
     if style not in COMPLETIONS:
       raise ValueError(f"completion style must be one of {COMPLETIONS}, got {style!r}")
     if style == "card_first":
       if kind is None:
         raise ValueError("a card_first completion needs the question's kind")
-      return f"{card_text(kind, self, form)}: {self.working(x)}"
+      card = f"{card_key(kind)}{self.describe(form)}" if form == "keyed" else card_text(kind, self, form)
+      return f"{card}: {self.working(x)}"
     return f"{self.describe(form)}: {self.working(x)}" if style == "rule_first" else self.working(x)
 
   def describe(self, form: str = "short") -> str:
@@ -144,20 +145,27 @@ def card_text(kind: str, convention: Convention, form: str = "short") -> str:
   if check_form(form) == "short":
     return f"{kind}: {convention.describe(form)}"
   if form == "keyed":
-    return f"{kind}={convention.describe(form)}"
+    return f"{convention.describe(form)}{card_key(kind)}"
   return f"{kind} problems: {convention.describe(form)}."
 
 
-def single_tokens(form: str) -> tuple[str, ...]:
-  """Strings the solver's tokenizer must hold as single tokens for `form`: every card of the keyed
-  form (each kind with each member of H), so that reading a card and writing it are one token each
-  and which card is its kind's is a lookup on one token's embedding; none for the other forms.
+def card_key(kind: str) -> str:
+  """The keyed form's key of `kind`'s card ("=total"): one token, not the question's kind word."""
+  return f"={kind}"
 
-  (A first keyed build made the key "total=" and the rule "addthree" two tokens, for an induction
-  head to copy the token after the key; it copied some card's rule instead, docs/kace.md.)"""
+
+def single_tokens(form: str) -> tuple[str, ...]:
+  """Strings the solver's tokenizer must hold as single tokens for `form`: the keyed form's rules and
+  card keys; none for the other forms.
+
+  Why the keyed form reads as it does (docs/kace.md, builds 9-11): with the key before the rule
+  ("total=" "addthree") the solver must copy the token *after* a match, which needs the match
+  recorded at the rule's position first; the 2-layer solver copied some card's rule instead. With
+  every card one token ("total=addthree") it copied none. With the rule before the key, the match
+  is of a token with itself and the rule is the token before it."""
   if check_form(form) != "keyed":
     return ()
-  return tuple(card_text(kind, h, form) for kind in KINDS.values() for h in H)
+  return (*(h.describe(form) for h in H), *(card_key(kind) for kind in KINDS.values()))
 
 
 _CARD_RE = re.compile(
@@ -166,21 +174,25 @@ _CARD_RE = re.compile(
 _SHORT_CARD_RE = re.compile(r"(\w+): (as is|add (\d+)|times (\d+))\b")
 _WORD_NUMBERS = {word: k for k, word in NUMBER_WORDS.items()}
 _KEYED_CARD_RE = re.compile(
-  rf"(\w+)=(asis|add({'|'.join(_WORD_NUMBERS)})|times({'|'.join(_WORD_NUMBERS)}))\b"
+  rf"\b(asis|add({'|'.join(_WORD_NUMBERS)})|times({'|'.join(_WORD_NUMBERS)}))=(\w+)"
 )
 
 
 def parse_card(text: str) -> tuple[str, Convention] | None:
   """(kind, convention) of a card in any of `card_text`'s forms, else None."""
-  m = _CARD_RE.search(text) or _SHORT_CARD_RE.search(text) or _KEYED_CARD_RE.search(text)
-  if not m:
+  m = _CARD_RE.search(text) or _SHORT_CARD_RE.search(text)
+  if m:
+    kind, add, mul = m.group(1), m.group(3), m.group(4)
+  elif m := _KEYED_CARD_RE.search(text):
+    kind, add, mul = m.group(4), m.group(2), m.group(3)
+  else:
     return None
   number = lambda s: int(s) if s.isdigit() else _WORD_NUMBERS[s]
-  if m.group(3):
-    return m.group(1), Convention("add", number(m.group(3)))
-  if m.group(4):
-    return m.group(1), Convention("mul", number(m.group(4)))
-  return m.group(1), IDENTITY
+  if add:
+    return kind, Convention("add", number(add))
+  if mul:
+    return kind, Convention("mul", number(mul))
+  return kind, IDENTITY
 
 
 # ---- base problems ----------------------------------------------------------------------------------

@@ -99,24 +99,24 @@ def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form
   assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
 
 
-def test_keyed_tokenizer_holds_every_card_as_one_token_distinct_from_the_question(tmp_path):
-  """The keyed form's point: in the solver's tokenizer a card is one token, which is not the
-  question's kind token, and a card_first completion starts with that same token."""
+def test_keyed_tokenizer_holds_rules_and_keys_as_single_tokens_distinct_from_the_question(tmp_path):
+  """The keyed form's point: in the solver's tokenizer a card is [rule, key], the key's token is not
+  the question's kind token, and a card_first completion starts with the same [key, rule] tokens."""
   config = synthetic.TestbedSolverConfig(examples=400)
   examples = synthetic.testbed_examples(config)
   corpus = [chat[0]["content"] + " " + completion for chat, completion in examples]
   synthetic.build_tokenizer(str(tmp_path), corpus, config.vocab_size, testbed.single_tokens("keyed"))
   tokenizer = load_tokenizer(str(tmp_path))
   rule = testbed.Convention("add", 3)
-  card = tokenizer.encode(testbed.card_text("total", rule, "keyed"))
-  assert len(card) == 1
-  assert tokenizer.encode("- [convention] " + testbed.card_text("total", rule, "keyed"))[-1:] == card
+  key, word = tokenizer.encode("=total"), tokenizer.encode("addthree")
+  assert len(key) == 1 and len(word) == 1
+  card = tokenizer.encode("- [convention] " + testbed.card_text("total", rule, "keyed"))
+  assert card[-2:] == word + key
   question = tokenizer.encode("Problem: " + testbed.question("total", 3, "+", 4, "keyed"))
-  assert card[0] not in question
-  assert tokenizer.encode(rule.completion(7, "card_first", "keyed", "total"))[:1] == card
+  assert key[0] not in question
+  assert tokenizer.encode(rule.completion(7, "card_first", "keyed", "total"))[:2] == key + word
   tokens = [tokenizer.encode(text) for text in testbed.single_tokens("keyed")]
   assert all(len(t) == 1 for t in tokens) and len({t[0] for t in tokens}) == len(tokens)
-  assert max(t[0] for t in tokens) < config.vocab_size
 
 
 @pytest.mark.slow

@@ -94,14 +94,14 @@ def test_forms_differ_and_unknown_forms_are_rejected():
   rule = testbed.Convention("add", 3)
   assert testbed.card_text("total", rule, "short") == "total: add 3"
   assert testbed.card_text("total", rule, "long") == "total problems: add 3 to the result."
-  assert testbed.card_text("total", rule, "keyed") == "total=addthree"
-  assert testbed.card_text("total", testbed.IDENTITY, "keyed") == "total=asis"
-  assert testbed.card_text("total", testbed.Convention("mul", 9), "keyed") == "total=timesnine"
+  assert testbed.card_text("total", rule, "keyed") == "addthree=total"
+  assert testbed.card_text("total", testbed.IDENTITY, "keyed") == "asis=total"
+  assert testbed.card_text("total", testbed.Convention("mul", 9), "keyed") == "timesnine=total"
   assert testbed.question("total", 3, "+", 4, "keyed") == "total: 3 + 4"
   assert testbed.parse_question(testbed.card_text("total", rule, "keyed")) is None
   assert testbed.single_tokens("short") == ()
-  assert len(set(testbed.single_tokens("keyed"))) == len(testbed.KINDS) * len(testbed.H)
-  assert "total=addthree" in testbed.single_tokens("keyed")
+  assert len(set(testbed.single_tokens("keyed"))) == len(testbed.KINDS) + len(testbed.H)
+  assert {"=total", "addthree"} <= set(testbed.single_tokens("keyed"))
   assert testbed.question("total", 3, "+", 4, "short") == "total: 3 + 4"
   assert testbed.question("total", 3, "+", 4, "long") == "total: What is 3 + 4?"
   # a short question is not a card and a short card is not a question
@@ -119,7 +119,7 @@ def test_completion_styles():
   assert rule.completion(7, "rule_first") == "times 2: 7 * 2 -> \\boxed{14}"
   assert rule.completion(7, "rule_first", "long") == "multiply the result by 2: 7 * 2 -> \\boxed{14}"
   assert testbed.IDENTITY.completion(5, "rule_first") == "as is: 5 -> \\boxed{5}"
-  assert rule.completion(7, "card_first", "keyed", "ways") == "ways=timestwo: 7 * 2 -> \\boxed{14}"
+  assert rule.completion(7, "card_first", "keyed", "ways") == "=waystimestwo: 7 * 2 -> \\boxed{14}"
   assert rule.completion(7, "card_first", "short", "ways") == "ways: times 2: 7 * 2 -> \\boxed{14}"
   with pytest.raises(ValueError, match="kind"):
     rule.completion(7, "card_first", "keyed")
