@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -472,6 +473,9 @@ def _train(
   both saved at `path`. Returns (model, SFT history, number of examples). Each phase pads its
   batches to its own longest example (or, `bucket_by_length`, each batch to its own), so a phase
   of short prompts has cheap steps."""
+  if added_tokens:  # they are split off before BPE runs, so merges spent on them would be wasted
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(added_tokens, key=len, reverse=True)))
+    corpus = [pattern.sub(" ", text) for text in corpus]
   build_tokenizer(path, corpus, config.vocab_size, added_tokens)
   tokenizer = load_tokenizer(path)
   for text in added_tokens:
