@@ -22,8 +22,8 @@ out = gen.generate(prompts, n=1, params=params)
 key_ok = rule_ok = ans_ok = 0
 for (p, card), g in zip(meta, out):
   t = g[0].text
-  key_ok += t.startswith(card.split("=")[0] + "=")
-  rule_ok += t.startswith(card)
+  key_ok += t.startswith("=" + card.split("=")[1])
+  rule_ok += t.startswith("=" + card.split("=")[1] + card.split("=")[0])
   ans_ok += f"\\boxed{{{p.answer}}}" in t
   if len(sys.argv) > 1: print(p.level, card, "|", t)
 print(f"n={len(meta)} key {key_ok} card {rule_ok} answer {ans_ok}")

@@ -189,7 +189,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         completion="card_first",  # kace.testbed.COMPLETIONS: card_first | rule_first | working
         curriculum_steps=600,  # > 0: first this many steps with at most curriculum_distractors cards
         curriculum_distractors=2,
-        vocab_size=512,
+        vocab_size=768,  # the keyed form adds 219 single tokens (testbed.single_tokens)
         hidden_size=64,
         intermediate_size=192,
         num_layers=2,
@@ -201,6 +201,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         learning_rate=3e-3,
         warmup_steps=50,
         bucket_by_length=True,  # lm.sft: batches of similar lengths, each padded to its own width
+        rope_theta=1_000_000.0,
       ),
     )
   )

@@ -322,7 +322,8 @@ class TestbedSolverConfig:
       trains on all of H, so what is held out is only which rule belongs to which block. Two builds
       with held-out constants failed their gates (docs/kace.md), hence the default.
     form: the questions' and cards' surface form (`testbed.FORMS`); the testbed uses the solver's.
-      The keyed form's rules and card keys are single tokens of the tokenizer (`testbed.single_tokens`).
+      The keyed form's rules, card keys and cards are single tokens of the tokenizer
+      (`testbed.single_tokens`).
     completion: the target's style (`testbed.COMPLETIONS`): "card_first" writes the card of the
       question's kind (key, then rule) before the arithmetic, "rule_first" copies only the rule,
       "working" writes only the arithmetic.
@@ -331,6 +332,8 @@ class TestbedSolverConfig:
       card" lookup learnt among few cards), before the `steps` steps on the full mix; the second
       phase starts from the first's model with a fresh optimizer and its own warmup. 0: no curriculum.
       The default (600) is build 8 of docs/kace.md's.
+    rope_theta: RoPE base (Qwen3's 1e6; the tiny solver's 1e4 leaves fewer of a 16-wide head's
+      dimensions nearly position-free, which matching a card 10-100 tokens back relies on).
     bucket_by_length: `lm.sft`'s length-bucketed batches (each padded to its own width), cheaper
       steps than padding every batch to the longest prompt of the set.
     the others: as in `TinySolverConfig`; `num_kv_heads` equals `num_heads` (plain multi-head
@@ -347,7 +350,7 @@ class TestbedSolverConfig:
   completion: str = "card_first"
   curriculum_steps: int = 600
   curriculum_distractors: int = 2
-  vocab_size: int = 512
+  vocab_size: int = 768
   hidden_size: int = 64
   intermediate_size: int = 192
   num_layers: int = 2
@@ -359,6 +362,7 @@ class TestbedSolverConfig:
   learning_rate: float = 3e-3
   warmup_steps: int = 50
   bucket_by_length: bool = True
+  rope_theta: float = 1_000_000.0
 
   def key(self) -> str:
     blob = json.dumps(dataclasses.asdict(self), sort_keys=True) + TESTBED_SOLVER_VERSION
@@ -366,7 +370,7 @@ class TestbedSolverConfig:
 
 
 # Bump when the testbed build changes in a way the config does not capture (prompt format, kinds, H).
-TESTBED_SOLVER_VERSION = "6"
+TESTBED_SOLVER_VERSION = "7"
 
 
 def convention_notes(cards: Sequence[str]) -> str:
@@ -450,6 +454,7 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
     first_phase=first,
     added_tokens=testbed.single_tokens(config.form),
     bucket_by_length=config.bucket_by_length,
+    rope_theta=config.rope_theta,
   )
   rundir.write_json(
     os.path.join(path, "build.json"),
@@ -467,6 +472,7 @@ def _train(
   first_phase=(),
   added_tokens=(),
   bucket_by_length: bool = False,
+  rope_theta: float = 10_000.0,
 ) -> tuple[Qwen, list, int]:
   """Tokenizer on `corpus` (plus `added_tokens`), then a Qwen3-style model of `config`'s size trained
   by `lm.sft` on `examples` (after `config.curriculum_steps` steps on `first_phase`, when given);
@@ -489,7 +495,7 @@ def _train(
     num_heads=config.num_heads,
     num_kv_heads=config.num_kv_heads,
     head_dim=config.head_dim,
-    rope_theta=10_000.0,
+    rope_theta=rope_theta,
     max_position_embeddings=2048,
     bos_token_id=None,
     eos_token_ids=(1, 0),

@@ -11,10 +11,10 @@ agree. Level 1 has no convention (the identity), so those problems are solved wi
 Every question names its *kind*, one word per (domain, level), and a card states the convention of
 one kind. Three surface forms (`FORMS`): "short" (question "total: 3 + 4", card "total: add 3"),
 "long" (question "total: What is 3 + 4?", card "total problems: add 3 to the result.") and "keyed"
-(the solver's default; question as "short", card "addthree=total"). In the keyed form the rule
-"addthree" and the key "=total" are single tokens of the solver's vocabulary (`single_tokens`), the
-key is not the question's kind word, and the rule comes first: a solver that writes its question's
-key "=total" finds the same token in its card and copies the token just before it, the rule.
+(the solver's default; question as "short", card "addthree=total"). In the keyed form each card is
+one token of the solver's vocabulary and its completion starts with two more, the key "=total" and
+the rule "addthree" (`single_tokens`): having written its question's key, the solver looks up the
+card token whose kind is that key's and writes its rule, one lookup in one attention layer.
 trained to use context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches
 its question and ignores the others, so a card in the wrong block is a distractor, not a poison;
 with no card it guesses a convention, so samples disagree and problems climb the tiers.
@@ -105,7 +105,7 @@ class Convention:
     the rule as the card states it first ("add 3: 7 + 3 -> \\boxed{10}"), so the lookup of the
     card is its own step, a copy, before any arithmetic; with "card_first" the whole card of the
     question's `kind` first; in the keyed form its key, then its rule ("=totaladdthree: 7 + 3 ->
-    \\boxed{10}"), the rule read from the card holding the same key token."""
+    \\boxed{10}"), the rule read from the card token of the key's kind."""
     if style not in COMPLETIONS:
       raise ValueError(f"completion style must be one of {COMPLETIONS}, got {style!r}")
     if style == "card_first":
@@ -155,17 +155,23 @@ def card_key(kind: str) -> str:
 
 
 def single_tokens(form: str) -> tuple[str, ...]:
-  """Strings the solver's tokenizer must hold as single tokens for `form`: the keyed form's rules and
-  card keys; none for the other forms.
+  """Strings the solver's tokenizer must hold as single tokens for `form`: the keyed form's rules, card
+  keys and cards (each kind with each member of H); none for the other forms.
 
-  Why the keyed form reads as it does (docs/kace.md, builds 9-11): with the key before the rule
-  ("total=" "addthree") the solver must copy the token *after* a match, which needs the match
-  recorded at the rule's position first; the 2-layer solver copied some card's rule instead. With
-  every card one token ("total=addthree") it copied none. With the rule before the key, the match
-  is of a token with itself and the rule is the token before it."""
+  Why (docs/kace.md, builds 9-12): with a card as two or more tokens, the key's and the rule's, the
+  solver must attend to the rule *because of* its neighbour, a composition of two attention layers;
+  the 2-layer solvers did not learn it and copied the rule most cards hold. With every card one
+  token whose embedding holds both its kind and its rule, finding the card of the key's kind and
+  reading its rule is one attention lookup. The completion writes key and rule as two tokens of
+  their own, so the solver outputs one of 9 keys, then one of 21 rules, not one of 189 cards (a
+  build whose completion copied the card token itself copied none)."""
   if check_form(form) != "keyed":
     return ()
-  return (*(h.describe(form) for h in H), *(card_key(kind) for kind in KINDS.values()))
+  return (
+    *(h.describe(form) for h in H),
+    *(card_key(kind) for kind in KINDS.values()),
+    *(card_text(kind, h, form) for kind in KINDS.values() for h in H),
+  )
 
 
 _CARD_RE = re.compile(

@@ -99,9 +99,9 @@ def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form
   assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
 
 
-def test_keyed_tokenizer_holds_rules_and_keys_as_single_tokens_distinct_from_the_question(tmp_path):
-  """The keyed form's point: in the solver's tokenizer a card is [rule, key], the key's token is not
-  the question's kind token, and a card_first completion starts with the same [key, rule] tokens."""
+def test_keyed_tokenizer_holds_cards_rules_and_keys_as_single_tokens(tmp_path):
+  """The keyed form's point: in the solver's tokenizer a card is one token, the key's token is not
+  the question's kind token, and a card_first completion starts with [key, rule] tokens."""
   config = synthetic.TestbedSolverConfig(examples=400)
   examples = synthetic.testbed_examples(config)
   corpus = [chat[0]["content"] + " " + completion for chat, completion in examples]
@@ -110,8 +110,9 @@ def test_keyed_tokenizer_holds_rules_and_keys_as_single_tokens_distinct_from_the
   rule = testbed.Convention("add", 3)
   key, word = tokenizer.encode("=total"), tokenizer.encode("addthree")
   assert len(key) == 1 and len(word) == 1
-  card = tokenizer.encode("- [convention] " + testbed.card_text("total", rule, "keyed"))
-  assert card[-2:] == word + key
+  card = tokenizer.encode(testbed.card_text("total", rule, "keyed"))
+  assert len(card) == 1 and card[0] not in key + word
+  assert tokenizer.encode("- [convention] " + testbed.card_text("total", rule, "keyed"))[-1:] == card
   question = tokenizer.encode("Problem: " + testbed.question("total", 3, "+", 4, "keyed"))
   assert key[0] not in question
   assert tokenizer.encode(rule.completion(7, "card_first", "keyed", "total"))[:2] == key + word

@@ -100,8 +100,10 @@ def test_forms_differ_and_unknown_forms_are_rejected():
   assert testbed.question("total", 3, "+", 4, "keyed") == "total: 3 + 4"
   assert testbed.parse_question(testbed.card_text("total", rule, "keyed")) is None
   assert testbed.single_tokens("short") == ()
-  assert len(set(testbed.single_tokens("keyed"))) == len(testbed.KINDS) + len(testbed.H)
-  assert {"=total", "addthree"} <= set(testbed.single_tokens("keyed"))
+  assert len(set(testbed.single_tokens("keyed"))) == len(testbed.KINDS) * (len(testbed.H) + 1) + len(
+    testbed.H
+  )
+  assert {"=total", "addthree", "addthree=total"} <= set(testbed.single_tokens("keyed"))
   assert testbed.question("total", 3, "+", 4, "short") == "total: 3 + 4"
   assert testbed.question("total", 3, "+", 4, "long") == "total: What is 3 + 4?"
   # a short question is not a card and a short card is not a question
