@@ -185,11 +185,11 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         min_distractors=0,
         max_distractors=8,
         hold_out=False,  # True: train on kace.testbed.TRAIN_H only (held-out constants; fails its gates)
-        form="short",  # kace.testbed.FORMS: short | long (questions' and cards' wording; the testbed's too)
-        completion="rule_first",  # kace.testbed.COMPLETIONS: rule_first | working
+        form="keyed",  # kace.testbed.FORMS: keyed | short | long (wording of questions and cards)
+        completion="card_first",  # kace.testbed.COMPLETIONS: card_first | rule_first | working
         curriculum_steps=600,  # > 0: first this many steps with at most curriculum_distractors cards
         curriculum_distractors=2,
-        vocab_size=512,
+        vocab_size=768,  # the keyed form adds 219 single tokens (testbed.single_tokens)
         hidden_size=64,
         intermediate_size=192,
         num_layers=2,
@@ -200,6 +200,8 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         batch_size=32,
         learning_rate=3e-3,
         warmup_steps=50,
+        bucket_by_length=True,  # lm.sft: batches of similar lengths, each padded to its own width
+        rope_theta=1_000_000.0,
       ),
     )
   )
@@ -224,7 +226,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.methods = c.table.methods
       c.table.benchmarks = ("testbed",)
       c.benchmarks.testbed = dict(name="testbed")
-      c.sampling.max_tokens = 24  # "add 3: 7 + 3 -> \\boxed{10}" and EOS: at most 19 tokens
+      c.sampling.max_tokens = 24  # "total=addthree: 7 + 3 -> \\boxed{10}" and EOS: at most 19 tokens
       # every training problem (28 a cell); teacher prompts show enough failures for two per kind
       c.learn.update(train_limit=0, failures_per_prompt=8)
   elif arg == "qwen3_4b":

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -230,12 +231,17 @@ class TinySolverConfig:
 SOLVER_VERSION = "3"
 
 
-def build_tokenizer(path: str, corpus: Sequence[str], vocab_size: int) -> None:
-  """The solver's byte-level BPE tokenizer, trained on `corpus` (ChatML template).
+def build_tokenizer(
+  path: str, corpus: Sequence[str], vocab_size: int, added_tokens: Sequence[str] = ()
+) -> None:
+  """The solver's byte-level BPE tokenizer, trained on `corpus` (ChatML template), plus
+  `added_tokens` as single tokens (within `vocab_size`).
 
   Digits are split one per token, as Qwen does, so numbers are spelled digit by digit.
   """
-  train_bpe_tokenizer(path, corpus, vocab_size=vocab_size, split_digits=True, model_max_length=2048)
+  train_bpe_tokenizer(
+    path, corpus, vocab_size=vocab_size, added_tokens=added_tokens, split_digits=True, model_max_length=2048
+  )
 
 
 def solver_messages(question: str, notes: str = "") -> list[dict[str, str]]:
@@ -316,13 +322,20 @@ class TestbedSolverConfig:
       trains on all of H, so what is held out is only which rule belongs to which block. Two builds
       with held-out constants failed their gates (docs/kace.md), hence the default.
     form: the questions' and cards' surface form (`testbed.FORMS`); the testbed uses the solver's.
-    completion: the target's style (`testbed.COMPLETIONS`): "rule_first" copies the rule before the
-      arithmetic, "working" writes only the arithmetic.
+      The keyed form's rules, card keys and cards are single tokens of the tokenizer
+      (`testbed.single_tokens`).
+    completion: the target's style (`testbed.COMPLETIONS`): "card_first" writes the card of the
+      question's kind (key, then rule) before the arithmetic, "rule_first" copies only the rule,
+      "working" writes only the arithmetic.
     curriculum_steps: a first phase of this many SFT steps on prompts with at most
       `curriculum_distractors` distractor cards (short prompts: cheap steps, and the "find my kind's
       card" lookup learnt among few cards), before the `steps` steps on the full mix; the second
       phase starts from the first's model with a fresh optimizer and its own warmup. 0: no curriculum.
-      The default (600) is build 8 of docs/kace.md, the best measured.
+      The default (600) is build 8 of docs/kace.md's.
+    rope_theta: RoPE base (Qwen3's 1e6; the tiny solver's 1e4 leaves fewer of a 16-wide head's
+      dimensions nearly position-free, which matching a card 10-100 tokens back relies on).
+    bucket_by_length: `lm.sft`'s length-bucketed batches (each padded to its own width), cheaper
+      steps than padding every batch to the longest prompt of the set.
     the others: as in `TinySolverConfig`; `num_kv_heads` equals `num_heads` (plain multi-head
       attention), which XLA:CPU runs faster than grouped-query attention (docs/kace.md).
   """
@@ -333,11 +346,11 @@ class TestbedSolverConfig:
   min_distractors: int = 0
   max_distractors: int = 8
   hold_out: bool = False
-  form: str = "short"
-  completion: str = "rule_first"
+  form: str = "keyed"
+  completion: str = "card_first"
   curriculum_steps: int = 600
   curriculum_distractors: int = 2
-  vocab_size: int = 512
+  vocab_size: int = 768
   hidden_size: int = 64
   intermediate_size: int = 192
   num_layers: int = 2
@@ -348,6 +361,8 @@ class TestbedSolverConfig:
   batch_size: int = 32
   learning_rate: float = 3e-3
   warmup_steps: int = 50
+  bucket_by_length: bool = True
+  rope_theta: float = 1_000_000.0
 
   def key(self) -> str:
     blob = json.dumps(dataclasses.asdict(self), sort_keys=True) + TESTBED_SOLVER_VERSION
@@ -355,7 +370,7 @@ class TestbedSolverConfig:
 
 
 # Bump when the testbed build changes in a way the config does not capture (prompt format, kinds, H).
-TESTBED_SOLVER_VERSION = "3"
+TESTBED_SOLVER_VERSION = "7"
 
 
 def convention_notes(cards: Sequence[str]) -> str:
@@ -390,7 +405,7 @@ def testbed_examples(config: TestbedSolverConfig) -> list[tuple[list[dict[str, s
         notes.append(card(kind, rule))
     rng.shuffle(notes)
     chat = solver_messages(testbed.question(kind, a, op, b, config.form), convention_notes(notes))
-    out.append((chat, rule.completion(base, config.completion, config.form)))
+    out.append((chat, rule.completion(base, config.completion, config.form, kind)))
   return out
 
 
@@ -425,13 +440,21 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
     "user\nassistant\n",
     *(f"- [{testbed.CARD_TYPE}] " + k + " problems:" for k in testbed.KINDS.values()),
   ]
-  corpus += [testbed.card_text("x", h, config.form).split(": ", 1)[1] for h in testbed.H] * 20
+  corpus += [h.describe(config.form) for h in testbed.H] * 20
   first = ()
   if config.curriculum_steps:
     few = dataclasses.replace(config, min_distractors=0, max_distractors=config.curriculum_distractors)
     first = testbed_examples(few)
   model, history, count = _train(
-    path, examples, corpus, config, log_every=max(1, config.steps // 20), first_phase=first
+    path,
+    examples,
+    corpus,
+    config,
+    log_every=max(1, config.steps // 20),
+    first_phase=first,
+    added_tokens=testbed.single_tokens(config.form),
+    bucket_by_length=config.bucket_by_length,
+    rope_theta=config.rope_theta,
   )
   rundir.write_json(
     os.path.join(path, "build.json"),
@@ -441,14 +464,29 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
 
 
 def _train(
-  path: str, examples, corpus: Sequence[str], config, log_every: int, first_phase=()
+  path: str,
+  examples,
+  corpus: Sequence[str],
+  config,
+  log_every: int,
+  first_phase=(),
+  added_tokens=(),
+  bucket_by_length: bool = False,
+  rope_theta: float = 10_000.0,
 ) -> tuple[Qwen, list, int]:
-  """Tokenizer on `corpus`, then a Qwen3-style model of `config`'s size trained by `lm.sft` on
-  `examples` (after `config.curriculum_steps` steps on `first_phase`, when given); both saved at
-  `path`. Returns (model, SFT history, number of examples). Each phase pads its batches to its own
-  longest example, so a phase of short prompts has cheap steps."""
-  build_tokenizer(path, corpus, config.vocab_size)
+  """Tokenizer on `corpus` (plus `added_tokens`), then a Qwen3-style model of `config`'s size trained
+  by `lm.sft` on `examples` (after `config.curriculum_steps` steps on `first_phase`, when given);
+  both saved at `path`. Returns (model, SFT history, number of examples). Each phase pads its
+  batches to its own longest example (or, `bucket_by_length`, each batch to its own), so a phase
+  of short prompts has cheap steps."""
+  if added_tokens:  # they are split off before BPE runs, so merges spent on them would be wasted
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(added_tokens, key=len, reverse=True)))
+    corpus = [pattern.sub(" ", text) for text in corpus]
+  build_tokenizer(path, corpus, config.vocab_size, added_tokens)
   tokenizer = load_tokenizer(path)
+  for text in added_tokens:
+    if len(tokenizer.encode(text)) != 1:
+      raise ValueError(f"{text!r} is not a single token of the solver's tokenizer")
   model_config = ModelConfig(
     vocab_size=tokenizer.vocab_size,
     hidden_size=config.hidden_size,
@@ -457,7 +495,7 @@ def _train(
     num_heads=config.num_heads,
     num_kv_heads=config.num_kv_heads,
     head_dim=config.head_dim,
-    rope_theta=10_000.0,
+    rope_theta=rope_theta,
     max_position_embeddings=2048,
     bos_token_id=None,
     eos_token_ids=(1, 0),
@@ -476,6 +514,7 @@ def _train(
     warmup_steps=config.warmup_steps,
     seed=config.seed,
     log_every=log_every,
+    bucket_by_length=bucket_by_length,
   )
   _log.info("training a solver: %d examples, %d params", len(ids), model_config.num_params)
   history = []

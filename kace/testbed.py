@@ -9,13 +9,15 @@ one-step computation written in the question, so gold = h(base) singles out the 
 agree. Level 1 has no convention (the identity), so those problems are solved without context.
 
 Every question names its *kind*, one word per (domain, level), and a card states the convention of
-one kind. Two surface forms (`FORMS`): "short" (the default; question "total: 3 + 4", card
-"total: add 3") and "long" (question "total: What is 3 + 4?", card "total problems: add 3 to the
-result."); the short one makes prompts about half as long and the "find my kind's card" lookup a
-match of identical leading words. A solver trained to use
-context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches its question
-and ignores the others, so a card in the wrong block is a distractor, not a poison; with no card it
-guesses a convention, so samples disagree and problems climb the tiers.
+one kind. Three surface forms (`FORMS`): "short" (question "total: 3 + 4", card "total: add 3"),
+"long" (question "total: What is 3 + 4?", card "total problems: add 3 to the result.") and "keyed"
+(the solver's default; question as "short", card "addthree=total"). In the keyed form each card is
+one token of the solver's vocabulary and its completion starts with two more, the key "=total" and
+the rule "addthree" (`single_tokens`): having written its question's key, the solver looks up the
+card token whose kind is that key's and writes its rule, one lookup in one attention layer.
+trained to use context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches
+its question and ignores the others, so a card in the wrong block is a distractor, not a poison;
+with no card it guesses a convention, so samples disagree and problems climb the tiers.
 
 Evaluated blocks draw their conventions from `TEST_H`. A solver trained on `TRAIN_H` only would have
 to read constants it never saw (held-out constants); the tiny solver cannot, so by default it is
@@ -57,8 +59,19 @@ KIND_OF_WORD = {word: cell for cell, word in KINDS.items()}
 
 CONTROLS = ("none", "identity", "shared", "level1")
 CARD_TYPE = "convention"
-FORMS = ("short", "long")
-COMPLETIONS = ("rule_first", "working")
+FORMS = ("short", "long", "keyed")
+COMPLETIONS = ("rule_first", "working", "card_first")
+NUMBER_WORDS = {
+  1: "one",
+  2: "two",
+  3: "three",
+  4: "four",
+  5: "five",
+  6: "six",
+  7: "seven",
+  8: "eight",
+  9: "nine",
+}
 
 
 def check_form(form: str) -> str:
@@ -87,17 +100,26 @@ class Convention:
     step = f"{x}" if self.op == "id" else f"{x} {'+' if self.op == 'add' else '*'} {self.k}"
     return f"{step} -> \\boxed{{{self.apply(x)}}}"
 
-  def completion(self, x: int, style: str, form: str = "short") -> str:
-    """The solver's training completion for base answer `x`: `working`, or with style "rule_first"
+  def completion(self, x: int, style: str, form: str = "short", kind: str | None = None) -> str:
+    """The solver's training completion for base answer `x`: `working`; with style "rule_first"
     the rule as the card states it first ("add 3: 7 + 3 -> \\boxed{10}"), so the lookup of the
-    card is its own step, a copy, before any arithmetic."""
+    card is its own step, a copy, before any arithmetic; with "card_first" the whole card of the
+    question's `kind` first; in the keyed form its key, then its rule ("=totaladdthree: 7 + 3 ->
+    \\boxed{10}"), the rule read from the card token of the key's kind."""
     if style not in COMPLETIONS:
       raise ValueError(f"completion style must be one of {COMPLETIONS}, got {style!r}")
+    if style == "card_first":
+      if kind is None:
+        raise ValueError("a card_first completion needs the question's kind")
+      card = f"{card_key(kind)}{self.describe(form)}" if form == "keyed" else card_text(kind, self, form)
+      return f"{card}: {self.working(x)}"
     return f"{self.describe(form)}: {self.working(x)}" if style == "rule_first" else self.working(x)
 
   def describe(self, form: str = "short") -> str:
     if check_form(form) == "short":
       return "as is" if self.op == "id" else f"add {self.k}" if self.op == "add" else f"times {self.k}"
+    if form == "keyed":
+      return "asis" if self.op == "id" else f"{'add' if self.op == 'add' else 'times'}{NUMBER_WORDS[self.k]}"
     if self.op == "id":
       return "report the result as is"
     return f"add {self.k} to the result" if self.op == "add" else f"multiply the result by {self.k}"
@@ -122,25 +144,61 @@ def card_text(kind: str, convention: Convention, form: str = "short") -> str:
   """The card stating `convention` for problems of `kind` (what the oracle writes and the solver reads)."""
   if check_form(form) == "short":
     return f"{kind}: {convention.describe(form)}"
+  if form == "keyed":
+    return f"{convention.describe(form)}{card_key(kind)}"
   return f"{kind} problems: {convention.describe(form)}."
+
+
+def card_key(kind: str) -> str:
+  """The keyed form's key of `kind`'s card ("=total"): one token, not the question's kind word."""
+  return f"={kind}"
+
+
+def single_tokens(form: str) -> tuple[str, ...]:
+  """Strings the solver's tokenizer must hold as single tokens for `form`: the keyed form's rules, card
+  keys and cards (each kind with each member of H); none for the other forms.
+
+  Why (docs/kace.md, builds 9-12): with a card as two or more tokens, the key's and the rule's, the
+  solver must attend to the rule *because of* its neighbour, a composition of two attention layers;
+  the 2-layer solvers did not learn it and copied the rule most cards hold. With every card one
+  token whose embedding holds both its kind and its rule, finding the card of the key's kind and
+  reading its rule is one attention lookup. The completion writes key and rule as two tokens of
+  their own, so the solver outputs one of 9 keys, then one of 21 rules, not one of 189 cards (a
+  build whose completion copied the card token itself copied none)."""
+  if check_form(form) != "keyed":
+    return ()
+  return (
+    *(h.describe(form) for h in H),
+    *(card_key(kind) for kind in KINDS.values()),
+    *(card_text(kind, h, form) for kind in KINDS.values() for h in H),
+  )
 
 
 _CARD_RE = re.compile(
   r"(\w+) problems: (report the result as is|add (\d+) to the result|multiply the result by (\d+))"
 )
 _SHORT_CARD_RE = re.compile(r"(\w+): (as is|add (\d+)|times (\d+))\b")
+_WORD_NUMBERS = {word: k for k, word in NUMBER_WORDS.items()}
+_KEYED_CARD_RE = re.compile(
+  rf"\b(asis|add({'|'.join(_WORD_NUMBERS)})|times({'|'.join(_WORD_NUMBERS)}))=(\w+)"
+)
 
 
 def parse_card(text: str) -> tuple[str, Convention] | None:
-  """(kind, convention) of a card in either of `card_text`'s forms, else None."""
+  """(kind, convention) of a card in any of `card_text`'s forms, else None."""
   m = _CARD_RE.search(text) or _SHORT_CARD_RE.search(text)
-  if not m:
+  if m:
+    kind, add, mul = m.group(1), m.group(3), m.group(4)
+  elif m := _KEYED_CARD_RE.search(text):
+    kind, add, mul = m.group(4), m.group(2), m.group(3)
+  else:
     return None
-  if m.group(3):
-    return m.group(1), Convention("add", int(m.group(3)))
-  if m.group(4):
-    return m.group(1), Convention("mul", int(m.group(4)))
-  return m.group(1), IDENTITY
+  number = lambda s: int(s) if s.isdigit() else _WORD_NUMBERS[s]
+  if add:
+    return kind, Convention("add", number(add))
+  if mul:
+    return kind, Convention("mul", number(mul))
+  return kind, IDENTITY
 
 
 # ---- base problems ----------------------------------------------------------------------------------
@@ -159,7 +217,8 @@ _QUESTION_RE = re.compile(r"(\w+): (?:What is )?(\d+) (\+|mod|\*) (\d+)")
 
 
 def question(kind: str, a: int, op: str, b: int, form: str = "short") -> str:
-  return f"{kind}: {a} {op} {b}" if check_form(form) == "short" else f"{kind}: What is {a} {op} {b}?"
+  """The question text; the keyed form's questions are the short form's."""
+  return f"{kind}: What is {a} {op} {b}?" if check_form(form) == "long" else f"{kind}: {a} {op} {b}"
 
 
 def parse_question(text: str) -> tuple[str, int] | None:
@@ -190,7 +249,7 @@ class TestbedConfig:
     test_per_cell: of those, evaluated per (domain, level); the rest are training problems.
     control: "none" (a domain's level-2 and level-3 conventions differ), "identity", "shared" or "level1"
       (the module docstring).
-    form: the questions' and cards' surface form ("short" or "long"; `FORMS`); the solver must be
+    form: the questions' and cards' surface form (`FORMS`); the solver must be
       trained on the same one (kace.config takes it from the solver's config).
   """
 
@@ -198,7 +257,7 @@ class TestbedConfig:
   per_cell: int = 40
   test_per_cell: int = 12
   control: str = "none"
-  form: str = "short"
+  form: str = "keyed"
 
   def __post_init__(self):
     check_form(self.form)

@@ -44,6 +44,13 @@ class SFTConfig:
     grad_clip: global gradient-norm clip (0 disables it).
     seed: the batch order.
     length_multiple: sequence width is the longest example rounded up to this.
+    bucket_by_length: False (the default): every batch is padded to the longest example of the
+      whole set, one compiled shape. True: each run of `bucket_batches` consecutive batches of the
+      seeded order is sorted by length and cut again into batches (whose order is then shuffled),
+      and each batch is padded to its own longest example rounded up to `length_multiple`: batches
+      of similar lengths, far less padding, one compilation per width (a handful). The same
+      examples are visited per epoch; only which ones share a batch changes.
+    bucket_batches: batches per sorted run (`bucket_by_length`).
     log_every: a metrics entry every this many steps (and at the last step).
     vocab_chunk: vocabulary chunk of the log-prob computation (see `lm.scoring`).
   """
@@ -59,6 +66,8 @@ class SFTConfig:
   length_multiple: int = 16
   log_every: int = 10
   vocab_chunk: int = 8192
+  bucket_by_length: bool = False
+  bucket_batches: int = 64
 
   def schedule(self) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(
@@ -111,6 +120,21 @@ def batch_order(num_examples: int, batch_size: int, steps: int, seed: int) -> np
   return order[:needed].reshape(steps, batch_size)
 
 
+def bucketed_order(lengths: Sequence[int], batch_size: int, steps: int, seed: int, run: int) -> np.ndarray:
+  """`batch_order`'s [steps, batch_size] indices regrouped by length: each run of `run` consecutive
+  batches is sorted by example length, cut into batches again, and those batches shuffled (seeded),
+  so a batch holds examples of similar length while every epoch still visits every example."""
+  order = batch_order(len(lengths), batch_size, steps, seed).reshape(-1)
+  rng = np.random.default_rng([seed, 1])
+  lengths = np.asarray(lengths)
+  out = []
+  for start in range(0, len(order), run * batch_size):
+    chunk = order[start : start + run * batch_size]
+    chunk = chunk[np.argsort(lengths[chunk], kind="stable")].reshape(-1, batch_size)
+    out.append(chunk[rng.permutation(len(chunk))])
+  return np.concatenate(out)
+
+
 def train_sft(
   model: Qwen, examples: Sequence[Example], config: SFTConfig = SFTConfig(), *, pad_id: int | None = None
 ) -> tuple[Qwen, list[dict[str, float]]]:
@@ -126,8 +150,8 @@ def train_sft(
   if any(len(c) == 0 for _, c in examples):
     raise ValueError("every example needs at least one completion token")
   pad_id = pad_id if pad_id is not None else (model.config.pad_token_id or 0)
-  longest = max(len(p) + len(c) for p, c in examples)
-  width = round_up(longest, config.length_multiple)
+  lengths = [len(p) + len(c) for p, c in examples]
+  width = round_up(max(lengths), config.length_multiple)
   graphdef, params = nnx.split(model)
   tx = config.optimizer()
   opt_state = tx.init(params)
@@ -135,9 +159,16 @@ def train_sft(
   schedule = config.schedule()
   history = []
   start = time.perf_counter()
-  for i, rows in enumerate(batch_order(len(examples), config.batch_size, config.steps, config.seed)):
+  if config.bucket_by_length:
+    order = bucketed_order(lengths, config.batch_size, config.steps, config.seed, config.bucket_batches)
+  else:
+    order = batch_order(len(examples), config.batch_size, config.steps, config.seed)
+  for i, rows in enumerate(order):
     packed = scoring.pack_pairs(
-      [examples[r][0] for r in rows], [examples[r][1] for r in rows], pad_id=pad_id, length_multiple=width
+      [examples[r][0] for r in rows],
+      [examples[r][1] for r in rows],
+      pad_id=pad_id,
+      length_multiple=config.length_multiple if config.bucket_by_length else width,
     )
     params, opt_state, metrics = step(params, opt_state, {k: jnp.asarray(v) for k, v in packed.items()})
     if (i + 1) % config.log_every == 0 or i + 1 == config.steps:

@@ -50,7 +50,7 @@ def test_learner_plays_the_oracle_roles_only_when_configured(grader, tiny_checkp
   raw.testbed.oracle_noise = 0.25
   learner = pipeline.learner(kace_config.KaceConfig.from_dict(raw), grader, embedder=None)
   assert isinstance(learner.teacher, oracle.OracleTeacher) and learner.teacher.noise == 0.25
-  assert learner.teacher.form == raw.testbed.solver.form == "short"
+  assert learner.teacher.form == raw.testbed.solver.form == "keyed"
   assert isinstance(learner.curator, oracle.OracleCurator) and learner.teacher.label == oracle.LABEL
   raw.testbed.update(oracle_teacher=False, oracle_curator=False)
   learner = pipeline.learner(kace_config.KaceConfig.from_dict(raw), grader, embedder=None)

@@ -11,12 +11,18 @@ import pytest
 
 from kace import synthetic, testbed
 from lm import generators, rundir
+from lm.tokenizer import load_tokenizer
 from tests.kace import testbed_helpers
 
 PARAMS = generators.GenerationParams(max_tokens=16, temperature=0.7, seed=3)
 
 
-SOLVERS = [(True, "short", "rule_first"), (False, "short", "rule_first"), (False, "long", "working")]
+SOLVERS = [
+  (True, "short", "rule_first"),
+  (False, "short", "rule_first"),
+  (False, "long", "working"),
+  (False, "keyed", "card_first"),
+]
 
 
 @pytest.mark.parametrize("hold_out,form,style", SOLVERS)
@@ -42,7 +48,7 @@ def test_training_cards_hold_only_training_conventions_and_targets_follow_the_tr
     if level == 1:
       assert answer == base
     elif rule is not None:
-      assert answer == rule.apply(base) and completion == rule.completion(base, style, form)
+      assert answer == rule.apply(base) and completion == rule.completion(base, style, form, kind)
       assert notes.count(testbed.card_text(kind, rule, form) + "\n") == 1
     with_card[level, rule is not None] += 1
   share = with_card[2, True] / (with_card[2, True] + with_card[2, False])
@@ -61,6 +67,7 @@ def test_solver_config_key_changes_with_every_field():
   assert base.key() != synthetic.TestbedSolverConfig(steps=base.steps + 1).key()
   assert base.key() != synthetic.TestbedSolverConfig(form="long").key()
   assert base.key() != synthetic.TestbedSolverConfig(completion="working").key()
+  assert base.key() != synthetic.TestbedSolverConfig(bucket_by_length=False).key()
   assert base.key() != synthetic.TinySolverConfig().key()
 
 
@@ -90,6 +97,27 @@ def test_gates_pass_a_solver_that_uses_cards_and_fail_one_that_ignores_them(form
   blind = synthetic.testbed_gates(CardBlind(), config, PARAMS, samples=2)
   assert blind["passed"] == {"true_card": False, "no_card": True, "true_card_and_distractors": False}
   assert blind["rates"]["true_card/L2"] == 0.0 and blind["rates"]["no_card/L1"] == 1.0
+
+
+def test_keyed_tokenizer_holds_cards_rules_and_keys_as_single_tokens(tmp_path):
+  """The keyed form's point: in the solver's tokenizer a card is one token, the key's token is not
+  the question's kind token, and a card_first completion starts with [key, rule] tokens."""
+  config = synthetic.TestbedSolverConfig(examples=400)
+  examples = synthetic.testbed_examples(config)
+  corpus = [chat[0]["content"] + " " + completion for chat, completion in examples]
+  synthetic.build_tokenizer(str(tmp_path), corpus, config.vocab_size, testbed.single_tokens("keyed"))
+  tokenizer = load_tokenizer(str(tmp_path))
+  rule = testbed.Convention("add", 3)
+  key, word = tokenizer.encode("=total"), tokenizer.encode("addthree")
+  assert len(key) == 1 and len(word) == 1
+  card = tokenizer.encode(testbed.card_text("total", rule, "keyed"))
+  assert len(card) == 1 and card[0] not in key + word
+  assert tokenizer.encode("- [convention] " + testbed.card_text("total", rule, "keyed"))[-1:] == card
+  question = tokenizer.encode("Problem: " + testbed.question("total", 3, "+", 4, "keyed"))
+  assert key[0] not in question
+  assert tokenizer.encode(rule.completion(7, "card_first", "keyed", "total"))[:2] == key + word
+  tokens = [tokenizer.encode(text) for text in testbed.single_tokens("keyed")]
+  assert all(len(t) == 1 for t in tokens) and len({t[0] for t in tokens}) == len(tokens)
 
 
 @pytest.mark.slow

@@ -94,6 +94,16 @@ def test_forms_differ_and_unknown_forms_are_rejected():
   rule = testbed.Convention("add", 3)
   assert testbed.card_text("total", rule, "short") == "total: add 3"
   assert testbed.card_text("total", rule, "long") == "total problems: add 3 to the result."
+  assert testbed.card_text("total", rule, "keyed") == "addthree=total"
+  assert testbed.card_text("total", testbed.IDENTITY, "keyed") == "asis=total"
+  assert testbed.card_text("total", testbed.Convention("mul", 9), "keyed") == "timesnine=total"
+  assert testbed.question("total", 3, "+", 4, "keyed") == "total: 3 + 4"
+  assert testbed.parse_question(testbed.card_text("total", rule, "keyed")) is None
+  assert testbed.single_tokens("short") == ()
+  assert len(set(testbed.single_tokens("keyed"))) == len(testbed.KINDS) * (len(testbed.H) + 1) + len(
+    testbed.H
+  )
+  assert {"=total", "addthree", "addthree=total"} <= set(testbed.single_tokens("keyed"))
   assert testbed.question("total", 3, "+", 4, "short") == "total: 3 + 4"
   assert testbed.question("total", 3, "+", 4, "long") == "total: What is 3 + 4?"
   # a short question is not a card and a short card is not a question
@@ -111,6 +121,10 @@ def test_completion_styles():
   assert rule.completion(7, "rule_first") == "times 2: 7 * 2 -> \\boxed{14}"
   assert rule.completion(7, "rule_first", "long") == "multiply the result by 2: 7 * 2 -> \\boxed{14}"
   assert testbed.IDENTITY.completion(5, "rule_first") == "as is: 5 -> \\boxed{5}"
+  assert rule.completion(7, "card_first", "keyed", "ways") == "=waystimestwo: 7 * 2 -> \\boxed{14}"
+  assert rule.completion(7, "card_first", "short", "ways") == "ways: times 2: 7 * 2 -> \\boxed{14}"
+  with pytest.raises(ValueError, match="kind"):
+    rule.completion(7, "card_first", "keyed")
   with pytest.raises(ValueError, match="completion"):
     rule.completion(7, "nope")
 
