@@ -221,7 +221,7 @@ class TorchStep:
       torch.stack([torch.linalg.vector_norm(p.grad) for p in self.policy.parameters() if p.grad is not None])
     )
     self.optimizer.step()
-    return float(loss), float(norm)
+    return float(loss.detach()), float(norm)
 
 
 def torch_step_time(policy, batch: dict[str, np.ndarray], steps: int) -> float:

@@ -68,11 +68,16 @@ COMMANDS = {
 _BENCH = (
   "tests/benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline_commit"
 )
+_RL_BENCH = (
+  "tests/benchmarks/rl_bench_test.py::test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree"
+)
 COMMANDS.update({
   "python -m benchmarks.sampler_bench": _BENCH,
   "python -m benchmarks.sampler_bench --shapes=a": _BENCH,
   "python -m benchmarks.sampler_bench --quick": _BENCH,
   "python -m benchmarks.sampler_bench --shapes=a --engines=ours --baseline=HEAD~1": _BENCH,
+  "python -m benchmarks.rl_bench": _RL_BENCH,
+  "python -m benchmarks.rl_bench --quick": _RL_BENCH,
 })  # fmt: skip
 
 
