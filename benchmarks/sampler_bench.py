@@ -46,7 +46,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENGINES = ("ours", "transformers", "vllm", "tunix")
 AGREEMENT_STEPS = 16
 
-_SHAPES = flags.DEFINE_list("shapes", ["a", "b"], "Shapes to run: a (small Qwen3), b (Qwen3-0.6B).")
+_SHAPES = flags.DEFINE_list(
+  "shapes", ["a", "b"], "Shapes to run: a (small Qwen3), b (Qwen3-0.6B), long ((a) with 1024 new tokens)."
+)
 _ENGINES = flags.DEFINE_list("engines", list(ENGINES), "Engines to run (where installed).")
 _TRIALS = flags.DEFINE_integer("trials", 7, "Interleaved trials per shape.")
 _QUICK = flags.DEFINE_bool("quick", False, "A tiny shape, ours and transformers, 3 trials: seconds.")
@@ -76,6 +78,10 @@ SHAPES = {
   "a": Shape("(a) small Qwen3", 4, 512, 1536, 8, 4, 64, 32_000, 8, 64, 128),
   "b": Shape(
     "(b) Qwen3-0.6B shape", 28, 1024, 3072, 16, 8, 128, 151_936, 4, 64, 128, ("ours", "vllm", "tunix")
+  ),
+  # (a) generating 1024 tokens: attention over a long cache, as in RL rollouts, weighs more here.
+  "long": Shape(
+    "(a) long generation", 4, 512, 1536, 8, 4, 64, 32_000, 8, 64, 1024, ("ours", "vllm", "tunix")
   ),
   "quick": Shape("tiny", 2, 64, 128, 4, 2, 16, 512, 2, 8, 32, ("ours", "transformers")),
 }
