@@ -81,6 +81,10 @@ class SamplerConfig:
       (`_phase_ends`), so a step's attention reads about the filled part of the cache rather
       than every slot of the step bucket; 1 reads the whole cache from the first step (as
       accelerators always do). Each phase is its own loop body in the compiled decode program.
+    decode_phase_min_steps: no phase is shorter than this many steps, so step buckets up to
+      twice this decode in one phase: at 128 new tokens (shape (a) of
+      `benchmarks/sampler_bench.py`) three phases measured 1.01 [0.91–1.18]× one and compiled
+      1.6× longer; at 1024, 1.15 [0.97–1.59]×.
   """
 
   min_prompt_bucket: int = 16
@@ -90,6 +94,7 @@ class SamplerConfig:
   max_rows: int = 256
   cache_dtype: Any = None
   decode_phases: int = 3
+  decode_phase_min_steps: int = 128
 
 
 class Sampler:
@@ -233,7 +238,7 @@ class Sampler:
       self.mesh,
       self.sharding,
       self.config.cache_dtype or self.model.dtype,
-      self.config.decode_phases,
+      _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
     )
     gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
@@ -327,15 +332,16 @@ class _SamplingState:
   stopped: Array  # [B] bool: the row ended on EOS or a stop sequence (not on length)
 
 
-def _phase_ends(steps: int, phases: int) -> tuple[int, ...]:
-  """Decode steps after which each phase's loop ends: steps / 2^(phases − 1), ..., steps / 2, steps.
+def _phase_ends(steps: int, phases: int, min_steps: int = 1) -> tuple[int, ...]:
+  """Decode steps after which each phase's loop ends: steps / 2^(phases − 1), ..., steps / 2, steps,
+  leaving out ends below `min_steps` (so a short bucket stays one phase).
 
   Phase i runs with a cache of prompt + ends[i] slots, so a step reads at most twice the slots
-  filled so far (after the first phase's few), whatever the step bucket; halving keeps the number
-  of compiled loop bodies at `phases` for every bucket.
+  filled so far (after the first phase's), whatever the step bucket; halving keeps the number of
+  compiled loop bodies at most `phases` for every bucket.
   """
-  ends = {max(1, steps >> k) for k in range(max(phases, 1))}
-  return tuple(sorted(ends))
+  ends = {steps >> k for k in range(max(phases, 1)) if (steps >> k) >= max(min_steps, 1)}
+  return tuple(sorted(ends | {steps}))
 
 
 def _grow_cache(cache, slots: int):
@@ -344,20 +350,20 @@ def _grow_cache(cache, slots: int):
 
 
 @functools.lru_cache(maxsize=64)
-def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, decode_phases: int = 1):
+def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, phase_ends: tuple[int, ...]):
   """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
   On CPU these are two executables, so that each gets its own XLA:CPU options: the prefill's
   products have prompt × rows rows, where XLA:CPU's default library (YNNPACK) is the faster one,
   and a decode step's have a few rows, where Eigen is (`_CPU_DECODE_OPTIONS`); the cache passes
   from one to the other. Elsewhere they are one program, as one library serves every product there.
-  On CPU without a mesh the decode loop also runs in `decode_phases` phases over growing caches
-  (`_phase_ends`): XLA reads every slot of a cache buffer in a step's attention (a slice of a
-  larger buffer costs a copy each step, more than it saves), so the buffer itself is kept near the
-  filled length and grown between phases.
+  On CPU without a mesh the decode loop also runs in phases, ending after `phase_ends` steps,
+  over growing caches (`_phase_ends`): XLA reads every slot of a cache buffer in a step's
+  attention (a slice of a larger buffer costs a copy each step, more than it saves), so the buffer
+  itself is kept near the filled length and grown between phases.
   """
   cpu = jax.default_backend() == "cpu"
-  ends = _phase_ends(steps, decode_phases) if cpu and mesh is None else (steps,)
+  ends = phase_ends if cpu and mesh is None else (steps,)
 
   def weights_of(state, layer_weights):
     model = nnx.merge(graphdef, state)
