@@ -17,6 +17,8 @@ log lines never corrupt the protocol. Commands:
                                      EOS ignored; tokens [B][n] generated ids
   {"cmd": "quit"}                 -> exits
 
+(`serve` is the protocol of every benchmark worker: `benchmarks.rl_bench`'s serve it too.)
+
 The checkpoint directory holds a transformers `save_pretrained` float32 Qwen3 checkpoint and
 `prompts.json` ([B][P] token ids): every engine reads the same weights and the same prompts.
 """
@@ -29,6 +31,11 @@ import sys
 import time
 
 
+def _prompts(path: str) -> list[list[int]]:
+  with open(os.path.join(path, "prompts.json")) as f:
+    return json.load(f)
+
+
 def _threads() -> int:
   return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
 
@@ -36,7 +43,8 @@ def _threads() -> int:
 class Ours:
   """`lm.Sampler` in float32 (the project itself)."""
 
-  def __init__(self, path: str, prompts: list[list[int]]):
+  def __init__(self, path: str):
+    prompts = _prompts(path)
     import jax
 
     import lm
@@ -47,15 +55,16 @@ class Ours:
     self.sampler = Sampler(lm.load_hf(path, dtype="float32"))
     self.prompts = prompts
 
-  def generate(self, new: int) -> list[list[int]]:
+  def generate(self, new: int) -> dict:
     out = self.sampler.generate(self.prompts, max_new_tokens=new, temperature=0.0)
-    return [t[0] for t in out.tokens]
+    return {"tokens": [t[0] for t in out.tokens]}
 
 
 class Transformers:
   """transformers `generate` (PyTorch, CPU, float32): the reference implementation."""
 
-  def __init__(self, path: str, prompts: list[list[int]]):
+  def __init__(self, path: str):
+    prompts = _prompts(path)
     import torch
     import transformers
 
@@ -65,7 +74,7 @@ class Transformers:
     self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     self.ids = torch.tensor(prompts)
 
-  def generate(self, new: int) -> list[list[int]]:
+  def generate(self, new: int) -> dict:
     with self.torch.no_grad():
       out = self.model.generate(
         self.ids,
@@ -76,7 +85,7 @@ class Transformers:
         eos_token_id=None,
         pad_token_id=0,
       )
-    return out[:, self.ids.shape[1] :].tolist()
+    return {"tokens": out[:, self.ids.shape[1] :].tolist()}
 
 
 class Vllm:
@@ -86,7 +95,8 @@ class Vllm:
   the other engines does; in-process keeps the work on the threads this process is given.
   """
 
-  def __init__(self, path: str, prompts: list[list[int]]):
+  def __init__(self, path: str):
+    prompts = _prompts(path)
     import vllm
 
     self.version = f"vllm {vllm.__version__}"
@@ -103,12 +113,12 @@ class Vllm:
     self.vllm = vllm
     self.prompts = [{"prompt_token_ids": p} for p in prompts]
 
-  def generate(self, new: int) -> list[list[int]]:
+  def generate(self, new: int) -> dict:
     params = self.vllm.SamplingParams(
       temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True, detokenize=False
     )
     outs = self.llm.generate(self.prompts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
 
 
 class _IdTokenizer:
@@ -136,7 +146,8 @@ class _IdTokenizer:
 class Tunix:
   """tunix's `Sampler` (its own JAX / flax NNX Qwen3, loaded from the safetensors files)."""
 
-  def __init__(self, path: str, prompts: list[list[int]]):
+  def __init__(self, path: str):
+    prompts = _prompts(path)
     import importlib.metadata
 
     import jax
@@ -175,7 +186,7 @@ class Tunix:
     self.strings = [" ".join(map(str, p)) for p in prompts]
     self.prompt_len = len(prompts[0])  # no padding to a power of two: every engine sees P tokens
 
-  def generate(self, new: int) -> list[list[int]]:
+  def generate(self, new: int) -> dict:
     out = self.sampler(
       self.strings,
       max_generation_steps=new,
@@ -183,34 +194,36 @@ class Tunix:
       temperature=0.0,
       eos_tokens=[-1],
     )
-    return [[int(t) for t in row] for row in out.tokens]
+    return {"tokens": [[int(t) for t in row] for row in out.tokens]}
 
 
 ENGINES = {"ours": Ours, "transformers": Transformers, "vllm": Vllm, "tunix": Tunix}
 
 
-def serve(engine: str, path: str) -> None:
+def serve(runners: dict, kind: str, path: str) -> None:
+  """Answers commands on stdin until "quit": "load" builds `runners[kind](path)`; any other command
+  calls the runner's method of that name with the command's other fields, timed, and answers
+  {"seconds": ..., **what it returned}. Standard library only: it runs in every engine's venv."""
   protocol = os.fdopen(os.dup(1), "w", buffering=1)
   os.dup2(2, 1)  # the engine's own prints go to stderr
   sys.stdout = sys.stderr
-  with open(os.path.join(path, "prompts.json")) as f:
-    prompts = json.load(f)
   runner = None
   for line in sys.stdin:
     command = json.loads(line)
-    if command["cmd"] == "quit":
+    name = command.pop("cmd")
+    if name == "quit":
       return
     start = time.perf_counter()
-    if command["cmd"] == "load":
-      runner = ENGINES[engine](path, prompts)
+    if name == "load":
+      runner = runners[kind](path)
       reply = {"load_s": time.perf_counter() - start, "version": runner.version, "threads": _threads()}
-    elif command["cmd"] == "generate":
-      tokens = runner.generate(command["new"])
-      reply = {"seconds": time.perf_counter() - start, "tokens": tokens}
+    elif runner is not None and not name.startswith("_") and hasattr(runner, name):
+      result = getattr(runner, name)(**command)
+      reply = {"seconds": time.perf_counter() - start, **result}
     else:
-      reply = {"error": f"unknown command {command['cmd']!r}"}
+      reply = {"error": f"unknown command {name!r}"}
     protocol.write(json.dumps(reply) + "\n")
 
 
 if __name__ == "__main__":
-  serve(sys.argv[1], sys.argv[2])
+  serve(ENGINES, sys.argv[1], sys.argv[2])

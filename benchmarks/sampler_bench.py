@@ -36,15 +36,19 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 
 from absl import app, flags
+
+from benchmarks import harness
+from benchmarks.harness import fmt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENGINES = ("ours", "transformers", "vllm", "tunix")
 AGREEMENT_STEPS = 16
 
-_SHAPES = flags.DEFINE_list("shapes", ["a", "b"], "Shapes to run: a (small Qwen3), b (Qwen3-0.6B).")
+_SHAPES = flags.DEFINE_list(
+  "shapes", ["a", "b"], "Shapes to run: a (small Qwen3), b (Qwen3-0.6B), long ((a) with 1024 new tokens)."
+)
 _ENGINES = flags.DEFINE_list("engines", list(ENGINES), "Engines to run (where installed).")
 _TRIALS = flags.DEFINE_integer("trials", 7, "Interleaved trials per shape.")
 _QUICK = flags.DEFINE_bool("quick", False, "A tiny shape, ours and transformers, 3 trials: seconds.")
@@ -75,6 +79,10 @@ SHAPES = {
   "b": Shape(
     "(b) Qwen3-0.6B shape", 28, 1024, 3072, 16, 8, 128, 151_936, 4, 64, 128, ("ours", "vllm", "tunix")
   ),
+  # (a) generating 1024 tokens: attention over a long cache, as in RL rollouts, weighs more here.
+  "long": Shape(
+    "(a) long generation", 4, 512, 1536, 8, 4, 64, 32_000, 8, 64, 1024, ("ours", "vllm", "tunix")
+  ),
   "quick": Shape("tiny", 2, 64, 128, 4, 2, 16, 512, 2, 8, 32, ("ours", "transformers")),
 }
 
@@ -100,15 +108,6 @@ class EngineResult:
   t1_ms: list[float]  # time to the first token
   agreement: float  # fraction of the first AGREEMENT_STEPS greedy tokens equal to ours
   distinct_tokens: int  # distinct ids among those tokens (a degenerate model repeats one)
-
-
-def spread(values: list[float]) -> dict[str, float]:
-  return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def fmt(values: list[float], digits: int = 1) -> str:
-  s = spread(values)
-  return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
 
 
 def engine_python(engine: str) -> pathlib.Path:
@@ -164,54 +163,6 @@ def write_checkpoint(shape: Shape, path: pathlib.Path) -> None:
   (path / "prompts.json").write_text(json.dumps(prompts.tolist()))
 
 
-class Worker:
-  """A `benchmarks/engines.py` process: commands in on stdin, JSON answers out on stdout.
-
-  `source` is the tree whose `lm` the `ours` engines import (PYTHONPATH): the repository itself, or
-  a ref extracted by `extract_ref`.
-  """
-
-  def __init__(
-    self, engine: str, checkpoint: pathlib.Path, log: pathlib.Path, env: dict[str, str], source: pathlib.Path
-  ):
-    self.engine = engine
-    self.log = log
-    self._log_file = open(log, "w")  # noqa: SIM115 - closed in close()
-    kind = "ours" if engine.startswith("ours") else engine
-    self.proc = subprocess.Popen(
-      [str(engine_python(engine)), str(ROOT / "benchmarks" / "engines.py"), kind, str(checkpoint)],
-      cwd=source,
-      env={**env, "PYTHONPATH": str(source)},
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      stderr=self._log_file,
-      text=True,
-    )
-
-  def call(self, **command) -> dict:
-    self.proc.stdin.write(json.dumps(command) + "\n")
-    self.proc.stdin.flush()
-    line = self.proc.stdout.readline()
-    if not line:
-      tail = "".join(self.log.read_text().splitlines(keepends=True)[-15:])
-      raise RuntimeError(f"{self.engine} worker exited (code {self.proc.wait()}); its log ends:\n{tail}")
-    reply = json.loads(line)
-    if "error" in reply:
-      raise RuntimeError(f"{self.engine}: {reply['error']}")
-    return reply
-
-  def close(self) -> None:
-    if self.proc.poll() is None:
-      try:
-        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-        self.proc.stdin.flush()
-        self.proc.wait(timeout=60)
-      except (BrokenPipeError, subprocess.TimeoutExpired):
-        self.proc.kill()
-        self.proc.wait()
-    self._log_file.close()
-
-
 def worker_env(shape: Shape, threads: int, workdir: pathlib.Path) -> dict[str, str]:
   """Every engine's environment: same threads, offline, compilation caches cold (none persists)."""
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "PYTHONPATH")}
@@ -259,38 +210,34 @@ def run_shape(
   checkpoint = workdir / "checkpoint"
   write_checkpoint(shape, checkpoint)
   env = worker_env(shape, threads, workdir)
-  workers, failures, info, first = {}, {}, {}, {}
+
+  def maker(engine: str):
+    kind = "ours" if engine.startswith("ours") else engine
+    argv = [str(engine_python(engine)), str(ROOT / "benchmarks" / "engines.py"), kind, str(checkpoint)]
+    return lambda: harness.Worker(engine, argv, workdir / f"{engine}.log", env, sources.get(engine, ROOT))
+
+  def warm_up(worker: harness.Worker) -> tuple[float, float]:
+    return (
+      worker.call(cmd="generate", new=1)["seconds"],
+      worker.call(cmd="generate", new=shape.new_tokens)["seconds"],
+    )
+
+  def measure(engine: str, worker: harness.Worker) -> tuple[Trial, list[list[int]]]:
+    t1 = worker.call(cmd="generate", new=1)["seconds"]
+    reply = worker.call(cmd="generate", new=shape.new_tokens)
+    got = reply["tokens"]
+    if len(got) != shape.batch or any(len(row) != shape.new_tokens for row in got):
+      raise RuntimeError(f"{engine} returned {[len(r) for r in got]} tokens, not {shape.new_tokens} a row")
+    return Trial(t1=t1, t_new=reply["seconds"]), got
+
+  workers, info, first, failures = harness.start({e: maker(e) for e in engines}, warm_up)
   try:
-    for engine in engines:  # one at a time, so load times are not shared
-      worker = Worker(engine, checkpoint, workdir / f"{engine}.log", env, sources.get(engine, ROOT))
-      try:
-        info[engine] = worker.call(cmd="load")
-        first[engine] = (
-          worker.call(cmd="generate", new=1)["seconds"],
-          worker.call(cmd="generate", new=shape.new_tokens)["seconds"],
-        )
-        workers[engine] = worker
-      except RuntimeError as e:
-        failures[engine] = str(e)
-        worker.close()
-    timed = {e: [] for e in workers}
-    tokens = {}
-    order = list(workers)
-    for trial in range(trials):
-      rotated = order[trial % len(order) :] + order[: trial % len(order)]
-      for engine in rotated:
-        t1 = workers[engine].call(cmd="generate", new=1)["seconds"]
-        reply = workers[engine].call(cmd="generate", new=shape.new_tokens)
-        timed[engine].append(Trial(t1=t1, t_new=reply["seconds"]))
-        got = reply["tokens"]
-        if len(got) != shape.batch or any(len(row) != shape.new_tokens for row in got):
-          raise RuntimeError(
-            f"{engine} returned {[len(r) for r in got]} tokens, not {shape.new_tokens} a row"
-          )
-        tokens.setdefault(engine, got)
+    measured = harness.interleave(workers, trials, measure)
   finally:
     for worker in workers.values():
       worker.close()
+  timed = {e: [trial for trial, _ in runs] for e, runs in measured.items()}
+  tokens = {e: runs[0][1] for e, runs in measured.items() if runs}
   results = {}
   reference = [row[:AGREEMENT_STEPS] for row in tokens.get("ours", [])]
   for engine, runs in timed.items():
@@ -315,8 +262,7 @@ def run_shape(
 
 def ratios(results: dict[str, EngineResult], engine: str, field: str) -> list[float]:
   """ours ÷ engine of a per-trial measurement, trial by trial (for t1: < 1 means ours is faster)."""
-  ours, theirs = getattr(results["ours"], field), getattr(results[engine], field)
-  return [a / b for a, b in zip(ours, theirs, strict=True)]
+  return harness.ratios(getattr(results["ours"], field), getattr(results[engine], field))
 
 
 def print_shape(shape: Shape, measured: dict) -> None:
@@ -354,59 +300,13 @@ def print_shape(shape: Shape, measured: dict) -> None:
     print(f"{engine}: FAILED — {why}")
 
 
-def cpu_description() -> str:
-  """The CPU's model name and the SIMD flags that matter for these kernels, from /proc/cpuinfo."""
-  model, flag_set = "unknown CPU", set()
-  try:
-    for line in open("/proc/cpuinfo"):
-      key, _, value = line.partition(":")
-      if key.strip() == "model name":
-        model = value.strip()
-      elif key.strip() == "flags":
-        flag_set = set(value.split())
-        break
-  except OSError:
-    pass
-  wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
-  return f"{model} ({' '.join(f for f in wanted if f in flag_set) or 'no AVX2'})"
-
-
-def measure_bandwidth(num_bytes: int = 1 << 29) -> float:
-  """Read bandwidth in bytes/s: a jitted sum over a buffer far larger than the caches, best of 5."""
-  import jax
-  import jax.numpy as jnp
-
-  x = jnp.ones((num_bytes // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  total(x).block_until_ready()
-  times = []
-  for _ in range(5):
-    start = time.perf_counter()
-    total(x).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return num_bytes / min(times)
-
-
 def main(argv):
   del argv
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   shapes = ["quick"] if _QUICK.value else _SHAPES.value
   trials = 3 if _QUICK.value and _TRIALS.value == _TRIALS.default else _TRIALS.value
   threads = _THREADS.value or os.cpu_count()
-  load_before = os.getloadavg()
-  bandwidth = measure_bandwidth(1 << 26 if _QUICK.value else 1 << 29)
-  print(
-    f"machine: {os.cpu_count()} CPUs, {cpu_description()}; measured read bandwidth "
-    f"{bandwidth / 1e9:.1f} GB/s; load average {' '.join(f'{x:.2f}' for x in load_before)} "
-    f"(1/5/15 min) at start; {threads} threads per engine",
-    flush=True,
-  )
-  record = {
-    "bandwidth_gb_s": bandwidth / 1e9,
-    "cpu": cpu_description(),
-    "load_before": load_before,
-    "shapes": {},
-  }
+  record = {**harness.describe_machine(threads, _QUICK.value), "shapes": {}}
   workdir = pathlib.Path(tempfile.mkdtemp(prefix="sampler_bench_"))
   sources = {}
   if _BASELINE.value:
@@ -432,8 +332,7 @@ def main(argv):
   finally:
     if not any(s["failures"] for s in record["shapes"].values()):
       shutil.rmtree(workdir, ignore_errors=True)
-  record["load_after"] = os.getloadavg()
-  print(f"\nload average {' '.join(f'{x:.2f}' for x in record['load_after'])} at the end")
+  record["load_after"] = harness.end_load()
   if _OUT.value:
     pathlib.Path(_OUT.value).write_text(json.dumps(record, indent=2))
 

@@ -17,6 +17,7 @@ beside the loop the trainer used before (per-chunk grads, a separate add, host r
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import tempfile
 import time
@@ -37,26 +38,36 @@ from dpa_grpo.policies import Policies
 from lm import hf, scoring
 
 BETA = 0.04
+LR = 1e-5
 
 
-def small_qwen3(vocab: int) -> transformers.Qwen3ForCausalLM:
+def small_qwen3(vocab: int, *, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+                head_dim: int = 64, init_std: float = 0.02) -> transformers.Qwen3ForCausalLM:  # fmt: skip
+  """The benchmarks' small Qwen3 (tied embeddings, float32, seeded): 4 layers of width 256 unless
+  told otherwise; the MLP is 3× the width."""
   config = transformers.Qwen3Config(
     vocab_size=vocab,
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
+    hidden_size=hidden,
+    intermediate_size=3 * hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    num_key_value_heads=kv_heads,
+    head_dim=head_dim,
     tie_word_embeddings=True,
     rope_theta=1e6,
     max_position_embeddings=4096,
+    initializer_range=init_std,
+    bos_token_id=None,
+    eos_token_id=1,
+    pad_token_id=0,
   )
   torch.manual_seed(0)
   return transformers.Qwen3ForCausalLM(config).eval()
 
 
 def make_batch(pairs: int, length: int, vocab: int) -> dict[str, np.ndarray]:
+  """P pairs of (prompt + one of two actions of 4–15 tokens), left-padded to `length`, with 0/1
+  rewards: the packed batch a DPA-GRPO train step scores."""
   rng = np.random.RandomState(0)
   prompts = [list(rng.randint(3, vocab, length - 16)) for _ in range(pairs) for _ in range(2)]
   actions = [list(rng.randint(3, vocab, rng.randint(4, 16))) for _ in range(2 * pairs)]
@@ -65,67 +76,78 @@ def make_batch(pairs: int, length: int, vocab: int) -> dict[str, np.ndarray]:
   return batch
 
 
-def _jax_setup(path: str, batch: dict[str, np.ndarray], chunks: int):
-  """(policies, trainable, frozen, tx, loss_cfg, chunk inputs): the trainer's full fine-tuning layout,
-  the batch split into `chunks` equal gradient-accumulation chunks."""
-  model = hf.load_hf(path, dtype="float32")
-  graphdef, params = nnx.split(model)
-  policies = Policies(graphdef, None)
-  trainable = {"backbone": params}
-  frozen = jax.tree.map(jnp.copy, params)
-  tx = optax.adamw(1e-5)
-  cfg = losses.DPALossConfig(beta=BETA, kl="k1", weighting="pair")
-  pairs = batch["rewards"].shape[0]
-  if pairs % chunks:
-    raise ValueError(f"--pairs {pairs} is not a multiple of --chunks {chunks}")
-  per = pairs // chunks
-  inputs = []
-  for i in range(chunks):
-    rows = slice(2 * i * per, 2 * (i + 1) * per)
-    chunk = {k: jnp.asarray(v[rows]) for k, v in batch.items() if k != "rewards"}
-    chunk |= {
-      "rewards": jnp.asarray(batch["rewards"][i * per : (i + 1) * per]),
-      "component": jnp.zeros((per,), jnp.int32),
-      "share": jnp.full((1,), 1.0 / chunks, jnp.float32),
-      "row_penalty": jnp.zeros((per, 2)),
-    }
-    inputs.append(chunk)
-  return policies, trainable, frozen, tx, cfg, inputs
+class JaxStep:
+  """The trainer's train step (`dpa_grpo.step`), full fine-tuning of a checkpoint in the trainer's
+  layout: the batch in `chunks` equal gradient-accumulation chunks, each `step.accumulate`d into a
+  donated on-device gradient sum, then `step.apply` (AdamW; parameters and optimiser state
+  donated), the step's metrics fetched once, as `dpa_grpo.train` runs it."""
+
+  def __init__(self, path: str, batch: dict[str, np.ndarray], chunks: int):
+    model = hf.load_hf(path, dtype="float32")
+    graphdef, params = nnx.split(model)
+    self.policies = Policies(graphdef, None)
+    self.trainable = {"backbone": params}
+    self.frozen = jax.tree.map(jnp.copy, params)
+    self.tx = optax.adamw(LR, weight_decay=0.0)
+    self.opt_state = self.tx.init(self.trainable)
+    self.cfg = losses.DPALossConfig(beta=BETA, kl="k1", weighting="pair")
+    pairs = batch["rewards"].shape[0]
+    if pairs % chunks:
+      raise ValueError(f"--pairs {pairs} is not a multiple of --chunks {chunks}")
+    per = pairs // chunks
+    self.inputs = []
+    for i in range(chunks):
+      rows = slice(2 * i * per, 2 * (i + 1) * per)
+      chunk = {k: jnp.asarray(v[rows]) for k, v in batch.items() if k != "rewards"}
+      chunk |= {
+        "rewards": jnp.asarray(batch["rewards"][i * per : (i + 1) * per]),
+        "component": jnp.zeros((per,), jnp.int32),
+        "share": jnp.full((1,), 1.0 / chunks, jnp.float32),
+        "row_penalty": jnp.zeros((per, 2)),
+      }
+      self.inputs.append(chunk)
+
+  def policy(self):
+    """The policy as a model (views of the current, not yet donated, parameters)."""
+    return self.policies.policy(self.trainable, self.frozen, "generator")
+
+  def step(self) -> tuple[float, float]:
+    """One update; (the step's loss, the global norm of its gradient) before the update."""
+    grads = jax.tree.map(jnp.zeros_like, self.trainable)
+    per_chunk = []
+    for chunk in self.inputs:
+      grads, value, parts = step_lib.accumulate(
+        grads,
+        self.trainable,
+        self.frozen,
+        chunk,
+        policies=self.policies,
+        role="generator",
+        method="dpa_grpo",
+        loss_cfg=self.cfg,
+      )
+      per_chunk.append(("generator", value, parts))
+    self.trainable, self.opt_state, norm = step_lib.apply(self.trainable, self.opt_state, grads, tx=self.tx)
+    metrics = step_lib.fetch_metrics(per_chunk)
+    return metrics["generator/loss"], float(norm)
 
 
 def jax_step_time(path: str, batch: dict[str, np.ndarray], steps: int, chunks: int) -> float:
-  """Seconds per train step as `dpa_grpo.train` runs it (after compiling): `step.accumulate` per
-  chunk into a donated on-device gradient sum, `step.apply` (AdamW, parameters and optimiser state
-  donated), the step's metrics fetched once."""
-  policies, trainable, frozen, tx, cfg, inputs = _jax_setup(path, batch, chunks)
-  opt_state = tx.init(trainable)
-
-  def one_step(trainable, opt_state):
-    grads = jax.tree.map(jnp.zeros_like, trainable)
-    per_chunk = []
-    for chunk in inputs:
-      grads, value, parts = step_lib.accumulate(
-        grads, trainable, frozen, chunk, policies=policies, role="generator", method="dpa_grpo", loss_cfg=cfg
-      )
-      per_chunk.append(("generator", value, parts))
-    trainable, opt_state, norm = step_lib.apply(trainable, opt_state, grads, tx=tx)
-    step_lib.fetch_metrics(per_chunk)
-    return trainable, opt_state, norm
-
-  trainable, opt_state, norm = one_step(trainable, opt_state)
-  jax.block_until_ready(norm)
+  """Seconds per `JaxStep.step` (after compiling)."""
+  runner = JaxStep(path, batch, chunks)
+  runner.step()
   start = time.perf_counter()
   for _ in range(steps):
-    trainable, opt_state, norm = one_step(trainable, opt_state)
-  jax.block_until_ready(norm)
+    runner.step()
   return (time.perf_counter() - start) / steps
 
 
 def jax_loop_step_time(path: str, batch: dict[str, np.ndarray], steps: int, chunks: int) -> float:
   """The same step as the trainer ran it before: per-chunk value-and-grad, a separate jitted add,
   each chunk's metrics read to the host as it finishes, nothing donated."""
-  policies, trainable, frozen, tx, cfg, inputs = _jax_setup(path, batch, chunks)
-  opt_state = tx.init(trainable)
+  setup = JaxStep(path, batch, chunks)
+  policies, frozen, tx, cfg = setup.policies, setup.frozen, setup.tx, setup.cfg
+  trainable, opt_state = setup.trainable, setup.opt_state
 
   @jax.jit
   def grads_of(trainable, chunk):
@@ -147,7 +169,7 @@ def jax_loop_step_time(path: str, batch: dict[str, np.ndarray], steps: int, chun
   def one_step(trainable, opt_state):
     grads = jax.tree.map(jnp.zeros_like, trainable)
     total = {}
-    for chunk in inputs:
+    for chunk in setup.inputs:
       value, parts, g = grads_of(trainable, chunk)
       grads = add(grads, g)
       for key, val in {"loss": value, **parts}.items():
@@ -163,37 +185,52 @@ def jax_loop_step_time(path: str, batch: dict[str, np.ndarray], steps: int, chun
   return (time.perf_counter() - start) / steps
 
 
-def torch_step_time(policy, batch: dict[str, np.ndarray], steps: int) -> float:
-  """Seconds per step of the same loss written in PyTorch (transformers model, torch AdamW)."""
-  reference = small_qwen3(policy.config.vocab_size)
-  reference.load_state_dict(policy.state_dict())
-  policy.train()
-  optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5, weight_decay=0.0)
-  tokens = torch.tensor(batch["tokens"], dtype=torch.long)
-  attention = torch.tensor(batch["attention_mask"])
-  completion = torch.tensor(batch["completion_mask"], dtype=torch.float32)[:, 1:]
-  positions = torch.clamp(attention.cumsum(-1) - 1, min=0)
-  rewards = torch.tensor(batch["rewards"])
+class TorchStep:
+  """The same loss written in PyTorch on the transformers model: length-normalised log-probs of
+  both actions of every pair under the policy and a frozen copy (the reference), group-normalised
+  advantages, pair weights 1/2, k1 with β, the mean over pairs; backward; torch AdamW, the same
+  learning rate and no weight decay. One step over the whole batch (the JAX side's chunks sum to the
+  same gradient)."""
 
-  def pair_logp(model):
-    logits = model(input_ids=tokens, attention_mask=attention, position_ids=positions).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
-    return ((logp * completion).sum(-1) / completion.sum(-1).clamp(min=1)).reshape(-1, 2)
+  def __init__(self, policy: transformers.Qwen3ForCausalLM, batch: dict[str, np.ndarray]):
+    self.reference = copy.deepcopy(policy).eval()
+    self.policy = policy.train()
+    self.optimizer = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0)
+    self.tokens = torch.tensor(batch["tokens"], dtype=torch.long)
+    self.attention = torch.tensor(batch["attention_mask"])
+    self.completion = torch.tensor(batch["completion_mask"], dtype=torch.float32)[:, 1:]
+    self.positions = torch.clamp(self.attention.cumsum(-1) - 1, min=0)
+    self.rewards = torch.tensor(batch["rewards"])
 
-  def one_step():
+  def _pair_logp(self, model):
+    out = model(input_ids=self.tokens, attention_mask=self.attention, position_ids=self.positions)
+    logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, self.tokens[:, 1:, None])[..., 0]
+    return ((logp * self.completion).sum(-1) / self.completion.sum(-1).clamp(min=1)).reshape(-1, 2)
+
+  def step(self) -> tuple[float, float]:
+    """One update; (the loss, the global norm of its gradient) before the update."""
     with torch.no_grad():
-      ref_logp = pair_logp(reference)
-    logp = pair_logp(policy)
+      ref_logp = self._pair_logp(self.reference)
+    logp = self._pair_logp(self.policy)
+    rewards = self.rewards
     adv = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, unbiased=False, keepdim=True) + 1e-6)
     loss = (0.5 * (-adv * logp) + BETA * 0.5 * (logp - ref_logp)).sum(-1).mean()
-    optimizer.zero_grad()
+    self.optimizer.zero_grad()
     loss.backward()
-    optimizer.step()
+    norm = torch.linalg.vector_norm(
+      torch.stack([torch.linalg.vector_norm(p.grad) for p in self.policy.parameters() if p.grad is not None])
+    )
+    self.optimizer.step()
+    return float(loss.detach()), float(norm)
 
-  one_step()
+
+def torch_step_time(policy, batch: dict[str, np.ndarray], steps: int) -> float:
+  """Seconds per `TorchStep.step` (after one warm-up step)."""
+  runner = TorchStep(policy, batch)
+  runner.step()
   start = time.perf_counter()
   for _ in range(steps):
-    one_step()
+    runner.step()
   return (time.perf_counter() - start) / steps
 
 

@@ -68,11 +68,21 @@ COMMANDS = {
 _BENCH = (
   "tests/benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline_commit"
 )
+_RL_BENCH = (
+  "tests/benchmarks/rl_bench_test.py::test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree"
+)
+_HEAD_BENCH = (
+  "tests/benchmarks/head_bench_test.py::test_quick_run_times_every_variant_against_the_samplers_choice"
+)
 COMMANDS.update({
   "python -m benchmarks.sampler_bench": _BENCH,
   "python -m benchmarks.sampler_bench --shapes=a": _BENCH,
+  "python -m benchmarks.sampler_bench --shapes=b": _BENCH,
   "python -m benchmarks.sampler_bench --quick": _BENCH,
   "python -m benchmarks.sampler_bench --shapes=a --engines=ours --baseline=HEAD~1": _BENCH,
+  "python -m benchmarks.rl_bench": _RL_BENCH,
+  "python -m benchmarks.rl_bench --quick": _RL_BENCH,
+  "python -m benchmarks.head_bench": _HEAD_BENCH,
 })  # fmt: skip
 
 

@@ -188,3 +188,32 @@ def test_cpu_decode_options_give_skinny_dots_to_eigen():
   np.testing.assert_allclose(
     jax.jit(product, compiler_options=sampler_lib._CPU_DECODE_OPTIONS)(x, w), jnp.full((8, 1536), 512.0)
   )
+
+
+def test_phase_ends_halve_down_from_the_step_bucket():
+  assert sampler_lib._phase_ends(128, 3) == (32, 64, 128)
+  assert sampler_lib._phase_ends(64, 1) == (64,)
+  assert sampler_lib._phase_ends(2, 3) == (1, 2)
+  # The default floor: buckets up to 2 × 128 steps decode in one phase, longer ones in up to 3.
+  config = sampler_lib.SamplerConfig()
+  ends = lambda steps: sampler_lib._phase_ends(steps, config.decode_phases, config.decode_phase_min_steps)
+  assert ends(128) == (128,) and ends(192) == (192,) and ends(256) == (128, 256)
+  assert ends(1024) == (256, 512, 1024) and ends(2048) == (512, 1024, 2048)
+
+
+@pytest.mark.slow
+def test_decode_in_phases_equals_one_phase_over_the_whole_cache(checkpoint):
+  # 40 new tokens in a 64-step bucket cross every phase boundary (16, 32); greedy rows also match
+  # transformers across them, and sampled rows (same seeds) match the single-phase decode.
+  hf_model, model = checkpoint
+  phased = sampler_lib.Sampler(
+    model, config=sampler_lib.SamplerConfig(decode_phases=3, decode_phase_min_steps=16)
+  )
+  whole = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(decode_phases=1))
+  greedy = phased.generate(PROMPTS, max_new_tokens=40, temperature=0.0)
+  assert [t[0] for t in greedy.tokens] == _hf_greedy(hf_model, PROMPTS, 40, eos_id=-1)
+  kwargs = dict(max_new_tokens=40, n=2, temperature=1.0, seed=3)
+  a, b = phased.generate(PROMPTS, **kwargs), whole.generate(PROMPTS, **kwargs)
+  assert a.tokens == b.tokens and all(len(t) == 40 for per in a.tokens for t in per)
+  for la, lb in zip(a.logprobs, b.logprobs, strict=True):
+    np.testing.assert_allclose(np.array(la), np.array(lb), atol=1e-5)

@@ -1,0 +1,173 @@
+"""What the interleaved benchmarks share: worker processes, rotating trials, spreads, the machine.
+
+`benchmarks.sampler_bench` (decoding against other engines) and `benchmarks.rl_bench` (a DPA-GRPO
+step against PyTorch) both run every side in its own long-lived process (`Worker`, JSON over a pipe,
+answered by `benchmarks.engines.serve`), start the workers one at a time (`start`, so load times are
+not shared), then run trials in which every side runs once, in an order that rotates from trial to
+trial (`interleave`), so a slow moment of the loaded machine falls on every side alike. Ratios are
+taken within a trial (`ratios`) and reported as median [min–max] (`fmt`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+  return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(values: list[float], digits: int = 1) -> str:
+  s = spread(values)
+  return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def ratios(ours: list[float], theirs: list[float]) -> list[float]:
+  """ours ÷ theirs trial by trial: a slow moment of the machine slows both sides of one trial and
+  cancels, where a ratio of medians taken separately would not."""
+  return [a / b for a, b in zip(ours, theirs, strict=True)]
+
+
+class Worker:
+  """A process answering `benchmarks.engines.serve`'s protocol: one JSON command a line on stdin,
+  one JSON answer a line on stdout; its stderr goes to `log`.
+
+  `argv` starts it (an interpreter and a script or module); `source` is its working directory and
+  PYTHONPATH: the repository itself, or an older commit's `lm` extracted to measure a change.
+  """
+
+  def __init__(
+    self, name: str, argv: list[str], log: pathlib.Path, env: dict[str, str], source: pathlib.Path
+  ):
+    self.name = name
+    self.log = log
+    self._log_file = open(log, "w")  # noqa: SIM115 - closed in close()
+    self.proc = subprocess.Popen(
+      argv,
+      cwd=source,
+      env={**env, "PYTHONPATH": str(source)},
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self._log_file,
+      text=True,
+    )
+
+  def call(self, **command) -> dict:
+    self.proc.stdin.write(json.dumps(command) + "\n")
+    self.proc.stdin.flush()
+    line = self.proc.stdout.readline()
+    if not line:
+      tail = "".join(self.log.read_text().splitlines(keepends=True)[-15:])
+      raise RuntimeError(f"{self.name} worker exited (code {self.proc.wait()}); its log ends:\n{tail}")
+    reply = json.loads(line)
+    if "error" in reply:
+      raise RuntimeError(f"{self.name}: {reply['error']}")
+    return reply
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      try:
+        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+      except (BrokenPipeError, subprocess.TimeoutExpired):
+        self.proc.kill()
+        self.proc.wait()
+    self._log_file.close()
+
+
+def start(
+  makers: dict[str, Callable[[], Worker]], warm_up: Callable[[Worker], T]
+) -> tuple[dict[str, Worker], dict[str, dict], dict[str, T], dict[str, str]]:
+  """Starts the workers one at a time: each loads (`{"cmd": "load"}`), then runs `warm_up` (its
+  first, compiling calls) before the next starts.
+
+  Returns (workers that started, their load replies, their warm-up results, failures: name ->
+  why). A worker that fails is closed and left out; the caller closes the others.
+  """
+  workers, info, first, failures = {}, {}, {}, {}
+  for name, make in makers.items():
+    worker = make()
+    try:
+      info[name] = worker.call(cmd="load")
+      first[name] = warm_up(worker)
+      workers[name] = worker
+    except RuntimeError as e:
+      failures[name] = str(e)
+      worker.close()
+  return workers, info, first, failures
+
+
+def interleave(
+  workers: dict[str, Worker], trials: int, measure: Callable[[str, Worker], T]
+) -> dict[str, list[T]]:
+  """`measure(name, worker)` of every worker in every trial, the order rotating by one each trial
+  (trial t starts with worker t mod W), so no side always runs first or right after another."""
+  order = list(workers)
+  out = {name: [] for name in order}
+  for trial in range(trials):
+    k = trial % len(order) if order else 0
+    for name in order[k:] + order[:k]:
+      out[name].append(measure(name, workers[name]))
+  return out
+
+
+def cpu_description() -> str:
+  """The CPU's model name and the SIMD flags that matter for these kernels, from /proc/cpuinfo."""
+  model, flag_set = "unknown CPU", set()
+  try:
+    for line in open("/proc/cpuinfo"):
+      key, _, value = line.partition(":")
+      if key.strip() == "model name":
+        model = value.strip()
+      elif key.strip() == "flags":
+        flag_set = set(value.split())
+        break
+  except OSError:
+    pass
+  wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+  return f"{model} ({' '.join(f for f in wanted if f in flag_set) or 'no AVX2'})"
+
+
+def measure_bandwidth(num_bytes: int = 1 << 29) -> float:
+  """Read bandwidth in bytes/s: a jitted sum over a buffer far larger than the caches, best of 5."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jnp.ones((num_bytes // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  total(x).block_until_ready()
+  times = []
+  for _ in range(5):
+    start_time = time.perf_counter()
+    total(x).block_until_ready()
+    times.append(time.perf_counter() - start_time)
+  return num_bytes / min(times)
+
+
+def describe_machine(threads: int, quick: bool) -> dict:
+  """The machine as every run prints it first: CPUs, SIMD flags, read bandwidth, load average."""
+  load = os.getloadavg()
+  bandwidth = measure_bandwidth(1 << 26 if quick else 1 << 29)
+  print(
+    f"machine: {os.cpu_count()} CPUs, {cpu_description()}; measured read bandwidth "
+    f"{bandwidth / 1e9:.1f} GB/s; load average {' '.join(f'{x:.2f}' for x in load)} "
+    f"(1/5/15 min) at start; {threads} threads per side",
+    flush=True,
+  )
+  return {"bandwidth_gb_s": bandwidth / 1e9, "cpu": cpu_description(), "load_before": load}
+
+
+def end_load() -> tuple[float, float, float]:
+  load = os.getloadavg()
+  print(f"\nload average {' '.join(f'{x:.2f}' for x in load)} at the end")
+  return load

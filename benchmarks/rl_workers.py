@@ -1,0 +1,138 @@
+"""The two sides of `benchmarks.rl_bench`, each a worker process of `benchmarks.engines.serve`.
+
+  python -m benchmarks.rl_workers jax|torch DIR
+
+DIR holds a transformers `save_pretrained` float32 Qwen3 checkpoint, `batch.npz` (the packed pairs
+of `train_step_bench.make_batch`) and `rollout.json` (prompts, samples per prompt, new tokens,
+temperature, top-p, gradient-accumulation chunks), so both sides read the same weights and inputs.
+Commands, besides "load" and "quit":
+
+  {"cmd": "greedy", "new": n} -> {"seconds", "tokens"}: greedy, n tokens a prompt, EOS ignored
+  {"cmd": "rollout"}          -> {"seconds", "tokens"}: the rollout's sampling call; tokens = how
+                                 many were generated in all
+  {"cmd": "train"}            -> {"seconds", "loss", "grad_norm"}: one train step; loss and the
+                                 gradient's global norm are those before its update
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from benchmarks import engines
+
+
+def _settings(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+  with open(os.path.join(path, "rollout.json")) as f:
+    settings = json.load(f)
+  with np.load(os.path.join(path, "batch.npz")) as data:
+    batch = {k: data[k] for k in data.files}
+  return settings, batch
+
+
+class JaxSide:
+  """This project: `lm.Sampler` over the policy (the trainer's sampler settings) for the rollout,
+  `dpa_grpo.step` for the update; after each update the sampler is rebuilt from the new parameters
+  (`Sampler.refresh`, as `dpa_grpo.train` does, counted in the train step: `step.apply` donates
+  the buffers the sampler viewed)."""
+
+  def __init__(self, path: str):
+    import jax
+
+    from benchmarks.train_step_bench import JaxStep
+    from dpa_grpo import train
+    from lm import sampler as sampler_lib
+
+    self.version = f"jax {jax.__version__}"
+    self.settings, batch = _settings(path)
+    self.trainer = JaxStep(path, batch, self.settings["chunks"])
+    self.sampler = sampler_lib.Sampler(self.trainer.policy(), config=train._SAMPLER)
+    self.calls = 0
+
+  def greedy(self, new: int) -> dict:
+    out = self.sampler.generate(self.settings["prompts"], max_new_tokens=new, temperature=0.0)
+    return {"tokens": [t[0] for t in out.tokens]}
+
+  def rollout(self) -> dict:
+    s = self.settings
+    self.calls += 1
+    out = self.sampler.generate(
+      s["prompts"],
+      max_new_tokens=s["new_tokens"],
+      n=s["samples"],
+      temperature=s["temperature"],
+      top_p=s["top_p"],
+      seed=[self.calls * len(s["prompts"]) + i for i in range(len(s["prompts"]))],
+    )
+    return {"tokens": sum(len(t) for per_prompt in out.tokens for t in per_prompt)}
+
+  def train(self) -> dict:
+    loss, norm = self.trainer.step()
+    self.sampler.model = self.trainer.policy()
+    self.sampler.refresh()
+    return {"loss": loss, "grad_norm": norm}
+
+
+class TorchSide:
+  """PyTorch: transformers `generate` (sampling, the same temperature and top-p, `n` return
+  sequences a prompt) for the rollout, `train_step_bench.TorchStep` for the update."""
+
+  def __init__(self, path: str):
+    import torch
+    import transformers
+
+    from benchmarks.train_step_bench import TorchStep
+
+    torch.set_num_threads(engines._threads())
+    self.torch = torch
+    self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    self.settings, batch = _settings(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    self.trainer = TorchStep(model, batch)
+    self.model = model
+    self.ids = torch.tensor(self.settings["prompts"])  # equal lengths: no padding
+    self.calls = 0
+
+  def _generate(self, new: int, **sampling):
+    with self.torch.no_grad():
+      out = self.model.generate(
+        self.ids,
+        attention_mask=self.torch.ones_like(self.ids),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        eos_token_id=None,
+        pad_token_id=0,
+        **sampling,
+      )
+    return out[:, self.ids.shape[1] :]
+
+  def greedy(self, new: int) -> dict:
+    return {"tokens": self._generate(new, do_sample=False).tolist()}
+
+  def rollout(self) -> dict:
+    s = self.settings
+    self.calls += 1
+    self.torch.manual_seed(self.calls)
+    out = self._generate(
+      s["new_tokens"],
+      do_sample=True,
+      temperature=s["temperature"],
+      top_p=s["top_p"],
+      top_k=0,
+      num_return_sequences=s["samples"],
+    )
+    return {"tokens": int(out.numel())}
+
+  def train(self) -> dict:
+    loss, norm = self.trainer.step()
+    return {"loss": loss, "grad_norm": norm}
+
+
+SIDES = {"jax": JaxSide, "torch": TorchSide}
+
+
+if __name__ == "__main__":
+  engines.serve(SIDES, sys.argv[1], sys.argv[2])
