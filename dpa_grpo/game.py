@@ -187,17 +187,16 @@ def parse_decision(text: Any, invalid_action: int = KEEP) -> GeneratorDecision:
 
 
 def verifier_prompt(line_prompt: str, proposal: str, note: str = "") -> str:
-  """The verifier sees the generator's task and its proposed answer, and a task family's `note`
-  right below the answer when it has one (`copycheck.verifier_note`; "" elsewhere: the prompt is
-  then the same text as without the argument)."""
-  note = f"{note}\n" if note else ""
+  """The verifier sees the generator's task and its proposed answer; a task family's `note`, when
+  it has one (`copycheck.verifier_note`), is the prompt's last line, nearest the verdict ("" : the
+  prompt is the same text as without the argument)."""
   return (
     f"A preparer was given this task:\n---\n{line_prompt}\n---\n"
-    f"The preparer answered:\n{proposal.strip() or '(empty answer)'}\n{note}\n"
+    f"The preparer answered:\n{proposal.strip() or '(empty answer)'}\n\n"
     "Check the answer. Reply with one line of JSON giving your verdict, "
     f'{{"verdict": one of {", ".join(VERDICTS)}}}. Unless the verdict is "correct", add a second '
     'line of JSON with your safety assurance case: {"claim": "...", "argument": "...", '
-    '"evidence": "..."}.'
+    '"evidence": "..."}.' + (f"\n{note}" if note else "")
   )
 
 

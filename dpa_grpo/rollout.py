@@ -442,7 +442,7 @@ def verifier_prompt(case: taxcalc.TaxCase, line_id: str, line_prompt: str, propo
   """The verifier's prompt on a proposal for one line of `case`, with the task family's note below
   the answer (`copycheck.verifier_note`; none outside the copy-and-check family). Rollouts, the
   warm start and the task tokenizer all build it here."""
-  return game.verifier_prompt(line_prompt, proposal, copycheck.verifier_note(case, line_id))
+  return game.verifier_prompt(line_prompt, proposal, copycheck.verifier_note(case, line_id, proposal))
 
 
 def _verify_phase(

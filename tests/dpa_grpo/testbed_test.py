@@ -92,7 +92,7 @@ def test_warm_start_key_follows_the_prompts_wording(monkeypatch):
   """A prompt reworded in code changes the warm start without any config value changing."""
   config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
   key = testbed.warm_start_key(config)
-  monkeypatch.setattr(copycheck, "verifier_note", lambda case, line_id: "another note")
+  monkeypatch.setattr(copycheck, "verifier_note", lambda case, line_id, proposal: "another note")
   assert testbed.warm_start_key(config) != key
 
 
