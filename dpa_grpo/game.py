@@ -186,15 +186,17 @@ def parse_decision(text: Any, invalid_action: int = KEEP) -> GeneratorDecision:
 # ---- prompts of the roles' later turns (the draft prompt is `taxcalc.line_prompt`) --------------
 
 
-def verifier_prompt(line_prompt: str, proposal: str) -> str:
-  """The verifier sees the generator's task and its proposed answer."""
+def verifier_prompt(line_prompt: str, proposal: str, note: str = "") -> str:
+  """The verifier sees the generator's task and its proposed answer; a task family's `note`, when
+  it has one (`copycheck.verifier_note`), is the prompt's last line, nearest the verdict ("" : the
+  prompt is the same text as without the argument)."""
   return (
     f"A preparer was given this task:\n---\n{line_prompt}\n---\n"
     f"The preparer answered:\n{proposal.strip() or '(empty answer)'}\n\n"
     "Check the answer. Reply with one line of JSON giving your verdict, "
     f'{{"verdict": one of {", ".join(VERDICTS)}}}. Unless the verdict is "correct", add a second '
     'line of JSON with your safety assurance case: {"claim": "...", "argument": "...", '
-    '"evidence": "..."}.'
+    '"evidence": "..."}.' + (f"\n{note}" if note else "")
   )
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from dpa_grpo import game
-from dpa_grpo.envs import taxcalc
+from dpa_grpo.envs import copycheck, taxcalc
 from lm import sampler as sampler_lib
 from lm import seeding
 from lm import text as text_lib
@@ -438,9 +438,18 @@ def _draft_phase(
   return out
 
 
-def _verify_phase(drafts: Sequence[Draft], verifier: RolePolicy, cfg: RolloutConfig, how: _Play, seeds):
+def verifier_prompt(case: taxcalc.TaxCase, line_id: str, line_prompt: str, proposal: str) -> str:
+  """The verifier's prompt on a proposal for one line of `case`, with the task family's note below
+  the answer (`copycheck.verifier_note`; none outside the copy-and-check family). Rollouts, the
+  warm start and the task tokenizer all build it here."""
+  return game.verifier_prompt(line_prompt, proposal, copycheck.verifier_note(case, line_id, proposal))
+
+
+def _verify_phase(
+  cases, drafts: Sequence[Draft], verifier: RolePolicy, cfg: RolloutConfig, how: _Play, seeds
+):
   """The verifier replies NS or SAC to every draft (one sampler call)."""
-  prompts = [game.verifier_prompt(d.prompt, d.x.text) for d in drafts]
+  prompts = [verifier_prompt(c, d.line_id, d.prompt, d.x.text) for c, d in zip(cases, drafts, strict=True)]
   ids, replies = verifier.generate(
     prompts,
     n=1,
@@ -585,7 +594,7 @@ def play(
     seeds = lambda phase, n: seeding.derive_seeds(seed, step, li, _PHASES[phase], n=n)  # noqa: B023
     prompts = [cfg.line_prompt(c, line_id, d) for c, d in zip(shown, drafted, strict=True)]
     drafts = _draft_phase(cases, prompts, line_id, generator, cfg, how, seeds)
-    verdicts = _verify_phase(drafts, verifier, cfg, how, seeds)
+    verdicts = _verify_phase(cases, drafts, verifier, cfg, how, seeds)
     challenged = [(d, v) for d, v in zip(drafts, verdicts, strict=True) if v.parsed.action == game.SAC_ACTION]
     revisions = _revise_phase(challenged, generator, cfg, how, seeds)
     decisions = _decide_phase(challenged, revisions, generator, cfg, how, seeds)

@@ -59,7 +59,7 @@ def task_tokenizer(
     corpus += [
       prompt,
       answer,
-      game.verifier_prompt(prompt, answer),
+      rollout.verifier_prompt(case, line_id, prompt, answer),
       game.render_verifier_reply("wrong", sac),
       game.decision_prompt(prompt, answer, sac, answer),
     ]

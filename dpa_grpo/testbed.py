@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import rollout, setup, train, warm_start
+from dpa_grpo import game, rollout, setup, train, warm_start
 from dpa_grpo.envs import copycheck
 from lm import rundir, stats
 from lm.gates import GateError
@@ -96,13 +96,31 @@ def arm_config(config: config_lib.ExperimentConfig, arm: Arm, seed: int, checkpo
 _WARM_START_ROLLOUT_KEYS = ("lines", "answer_format", "compact_forms", "enable_thinking")
 
 
+def _prompt_texts(config: config_lib.ExperimentConfig) -> list[str]:
+  """Every prompt of the first training case's episode, as the warm start renders them: a change
+  of a prompt's wording in code changes the warm start without changing any config value."""
+  (case, *_), _ = setup.load_data(config.data)
+  texts = []
+  for c, line_id, prompt in rollout.gold_episodes([case], config.rollout):
+    answer = config.rollout.answer(line_id, c.gold[line_id], setup.EXPLANATION)
+    sac = setup.reviewer_sac(c, line_id)
+    texts += [
+      prompt,
+      rollout.verifier_prompt(c, line_id, prompt, answer),
+      game.revision_prompt(prompt, answer, sac),
+      game.decision_prompt(prompt, answer, sac, answer),
+    ]
+  return texts
+
+
 def warm_start_key(config: config_lib.ExperimentConfig) -> str:
-  """A short hash of everything the warm start reads (model, data, rollout style, its own knobs):
-  equal keys share one warm-start directory."""
+  """A short hash of everything the warm start reads (model, data, rollout style, its own knobs,
+  the prompts' wording): equal keys share one warm-start directory."""
   d = config.to_dict()
   parts = {k: d[k] for k in ("model", "data", "warm_start", "mesh")}
   parts["rollout"] = {k: d["rollout"][k] for k in _WARM_START_ROLLOUT_KEYS}
   parts["seed"], parts["vocab_chunk"] = d["seed"], d["loss"]["vocab_chunk"]
+  parts["prompts"] = _prompt_texts(config)
   text = json.dumps(parts, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 

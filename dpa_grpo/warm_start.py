@@ -117,7 +117,7 @@ def examples(
     for proposal_wrong in shown:
       verdict = "wrong" if proposal_wrong != chance(config.verify_flip) else "correct"
       reply = game.render_verifier_reply(verdict, sac if verdict == "wrong" else None)
-      add("verify", game.verifier_prompt(prompt, wrong if proposal_wrong else right), reply)
+      add("verify", rollout.verifier_prompt(case, line_id, prompt, wrong if proposal_wrong else right), reply)
     add("revise", game.revision_prompt(prompt, wrong, sac), wrong if chance(config.revise_wrong) else right)
     x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
     proposal = right if x_right else wrong

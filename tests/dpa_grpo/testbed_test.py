@@ -9,6 +9,7 @@ import pytest
 from configs import dpa_grpo as dpa_config
 from dpa_grpo import testbed, testbed_report
 from dpa_grpo.config import ExperimentConfig
+from dpa_grpo.envs import copycheck
 
 
 def _rec(line, x_right, sac, z_right=None):
@@ -85,6 +86,14 @@ def test_warm_start_key_follows_what_the_warm_start_reads():
   other = base.to_dict()
   other["warm_start"] = dict(other["warm_start"], draft_wrong=0.3)
   assert testbed.warm_start_key(ExperimentConfig.from_dict(other)) != key
+
+
+def test_warm_start_key_follows_the_prompts_wording(monkeypatch):
+  """A prompt reworded in code changes the warm start without any config value changing."""
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
+  key = testbed.warm_start_key(config)
+  monkeypatch.setattr(copycheck, "verifier_note", lambda case, line_id, proposal: "another note")
+  assert testbed.warm_start_key(config) != key
 
 
 def test_separation_and_the_judging_rule():

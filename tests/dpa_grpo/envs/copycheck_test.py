@@ -68,6 +68,63 @@ def test_habit_follows_the_desk_and_is_neutral_off_family():
   assert copycheck.DESK_HABIT["north"] > 1 > copycheck.DESK_HABIT["south"]
 
 
+def test_the_verifier_prompt_ends_with_the_proposed_amount_beside_the_field_only_on_this_family():
+  cfg = rollout.RolloutConfig(lines=copycheck.LINES, compact_forms=True)
+  case = copycheck.generate_cases(1, seed=2)[0]
+  prompts = {line_id: prompt for _, line_id, prompt in rollout.gold_episodes([case], cfg)}
+  box1, box2 = case.forms["w2"]["box1"], case.forms["w2"]["box2"]
+  for line_id, amount, note in (
+    ("1a", 111, f"Proposed 111; the line copies W-2 box 1 = {box1}; they differ."),
+    ("1a", box1, f"Proposed {box1}; the line copies W-2 box 1 = {box1}; they match."),
+    ("25d", 111, f"Proposed 111; the line copies W-2 box 2 = {box2}; they differ."),
+    ("25d", box1, f"Proposed {box1}; the line copies W-2 box 2 = {box2}; they differ."),
+    ("12", 111, "Proposed 111; no input field gives this line."),
+  ):
+    answer = cfg.answer(line_id, amount, "r")
+    assert copycheck.verifier_note(case, line_id, answer) == note
+    text = rollout.verifier_prompt(case, line_id, prompts[line_id], answer)
+    assert f"The preparer answered:\n{answer}\n\nCheck the answer." in text
+    assert text.endswith('"evidence": "..."}.\n' + note)
+  none = f"Proposed none; the line copies W-2 box 1 = {box1}; they differ."
+  assert copycheck.verifier_note(case, "1a", "no amount here") == none
+  # Another family's verifier prompt is the text it was before the note existed, byte for byte.
+  other = taxcalc.TaxCase("forms-0", {"w2": {"box1": 415}}, dict.fromkeys(taxcalc.LINE_IDS, 0.0))
+  assert copycheck.verifier_note(other, "1a", "Line 1a: r | 7") == ""
+  text = rollout.verifier_prompt(other, "1a", "the task", "Line 1a: r | 7")
+  assert text == game.verifier_prompt("the task", "Line 1a: r | 7")
+  assert text.startswith(
+    "A preparer was given this task:\n---\nthe task\n---\nThe preparer answered:\nLine 1a: r | 7\n\n"
+    "Check the answer."
+  )
+  assert text.endswith('"evidence": "..."}.')
+
+
+def test_played_verifier_prompts_carry_the_note_of_their_case_and_line():
+  """`rollout.play` with scripted roles (not models): each verifier prompt names its own case's field."""
+  cfg = rollout.RolloutConfig(lines=copycheck.LINES, compact_forms=True, revisions=1, explore=0.0)
+  cases = copycheck.generate_cases(3, seed=6)
+
+  class Scripted:
+    def __init__(self, reply):
+      self.reply, self.prompts = reply, []
+
+    def generate(self, prompts, *, n, seeds, **_):
+      self.prompts.extend(prompts)
+      sample = lambda p: rollout.Sample(text=self.reply(p), tokens=(1,), mean_logprob=0.0, finish="stop")
+      return [[1]] * len(prompts), [[sample(p) for _ in range(n)] for p in prompts]
+
+  line_of = lambda prompt: prompt.rsplit("Compute line ", 1)[1].split(".", 1)[0]
+  g = Scripted(lambda p: cfg.answer(line_of(p), 415, "r"))
+  v = Scripted(lambda p: game.render_verifier_reply("correct"))
+  units = rollout.play(cases, g, v, cfg, seed=0, step=0)
+  assert len(v.prompts) == len(units) == 9
+  for unit, prompt in zip(units, v.prompts, strict=True):
+    case = next(c for c in cases if c.case_id == unit.draft.case_id)
+    assert prompt.endswith(copycheck.verifier_note(case, unit.line_id, unit.draft.x.text))
+    assert copycheck.verifier_note(case, unit.line_id, unit.draft.x.text).startswith("Proposed 415;")
+    assert unit.record()["verifier_prompt"] == prompt
+
+
 def test_testbed_preset_loads_copycheck_cases_with_a_160_unit_test_split():
   config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
   train, test = setup.load_data(config.data)
@@ -157,6 +214,9 @@ def test_verify_pairs_show_every_prompt_with_a_right_and_a_wrong_answer(tmp_path
     pair = examples["verify"][2 * i : 2 * i + 2]
     shown = [tokenizer.decode(p).split("The preparer answered:\n", 1)[1] for p, _ in pair]
     proposals = [text.split("\n", 1)[0] for text in shown]
+    assert all(
+      copycheck.verifier_note(case, line_id, p) in text for text, p in zip(shown, proposals, strict=True)
+    )
     amounts = [taxcalc.parse_line_answer(p, line_id).value for p in proposals]
     assert amounts == [case.gold[line_id], copycheck.confusion(case, line_id)]
     verdicts = [game.parse_verifier_reply(tokenizer.decode(c[:-1])).action for _, c in pair]
