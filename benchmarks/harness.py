@@ -121,6 +121,23 @@ def interleave(
   return out
 
 
+def run(
+  makers: dict[str, Callable[[], Worker]],
+  warm_up: Callable[[Worker], T],
+  trials: int,
+  measure: Callable[[str, Worker], T],
+) -> tuple[dict[str, dict], dict[str, T], dict[str, str], dict[str, list]]:
+  """`start`, then `interleave`, then every started worker closed (also on error): what each
+  benchmark does with its engines. Returns (load replies, warm-up results, failures, measured)."""
+  workers, info, first, failures = start(makers, warm_up)
+  try:
+    measured = interleave(workers, trials, measure)
+  finally:
+    for worker in workers.values():
+      worker.close()
+  return info, first, failures, measured
+
+
 def cpu_description() -> str:
   """The CPU's model name and the SIMD flags that matter for these kernels, from /proc/cpuinfo."""
   model, flag_set = "unknown CPU", set()

@@ -183,12 +183,7 @@ def run(setup: Setup, trials: int, threads: int, workdir: pathlib.Path) -> dict:
     train = worker.call(cmd="train")
     return StepTrial(rollout_s=rollout["seconds"], train_s=train["seconds"], rollout_tokens=rollout["tokens"])
 
-  workers, info, first, failures = harness.start({s: maker(s) for s in SIDES}, warm_up)
-  try:
-    timed = harness.interleave(workers, trials, measure)
-  finally:
-    for worker in workers.values():
-      worker.close()
+  info, first, failures, timed = harness.run({s: maker(s) for s in SIDES}, warm_up, trials, measure)
   expected = setup.pairs * setup.samples * setup.new_tokens
   results = {}
   for side, runs in timed.items():

@@ -230,12 +230,7 @@ def run_shape(
       raise RuntimeError(f"{engine} returned {[len(r) for r in got]} tokens, not {shape.new_tokens} a row")
     return Trial(t1=t1, t_new=reply["seconds"]), got
 
-  workers, info, first, failures = harness.start({e: maker(e) for e in engines}, warm_up)
-  try:
-    measured = harness.interleave(workers, trials, measure)
-  finally:
-    for worker in workers.values():
-      worker.close()
+  info, first, failures, measured = harness.run({e: maker(e) for e in engines}, warm_up, trials, measure)
   timed = {e: [trial for trial, _ in runs] for e, runs in measured.items()}
   tokens = {e: runs[0][1] for e, runs in measured.items() if runs}
   results = {}
