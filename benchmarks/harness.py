@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from lm.machine import cpu_description
+
 T = TypeVar("T")
 
 
@@ -136,23 +138,6 @@ def run(
     for worker in workers.values():
       worker.close()
   return info, first, failures, measured
-
-
-def cpu_description() -> str:
-  """The CPU's model name and the SIMD flags that matter for these kernels, from /proc/cpuinfo."""
-  model, flag_set = "unknown CPU", set()
-  try:
-    for line in open("/proc/cpuinfo"):
-      key, _, value = line.partition(":")
-      if key.strip() == "model name":
-        model = value.strip()
-      elif key.strip() == "flags":
-        flag_set = set(value.split())
-        break
-  except OSError:
-    pass
-  wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
-  return f"{model} ({' '.join(f for f in wanted if f in flag_set) or 'no AVX2'})"
 
 
 def measure_bandwidth(num_bytes: int = 1 << 29) -> float:

@@ -166,7 +166,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   # dpa_grpo.reproduce: a supervised warm start of a from-scratch backbone (steps=0: none; fields
   # of dpa_grpo.config.WarmStartConfig) and the methods run beside `method` for comparison.
   c.warm_start = ml_collections.ConfigDict(
-    dict(steps=0, batch_size=16, learning_rate=3e-3, warmup_steps=20, wrong_fraction=0.5, seed=0)
+    dict(
+      steps=0, batch_size=16, learning_rate=3e-3, warmup_steps=20, wrong_fraction=0.5, seed=0, cache_dir=""
+    )
   )
   c.compare = ()
 
@@ -299,6 +301,7 @@ def _testbed(c: ml_collections.ConfigDict) -> None:
     verify_flip=0.25,
     verify_pairs=True,  # one answer per prompt left the verifier blind (SAC gap -0.09, measured)
     revise_wrong=0.45,  # 0.4 gave P(z right | x wrong) 0.65, 0.5 gave 0.20: outside its gate
+    cache_dir="~/.cache/dpa_grpo",  # shared by run directories (launch/main.py, launch/dpa_testbed.py)
   )
   c.optim.lr = 1e-3
   c.lora.update(rank=8, alpha=16.0)

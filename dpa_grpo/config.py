@@ -329,6 +329,9 @@ class WarmStartConfig:
     revise_wrong: share of revision targets replaced by a plausible wrong amount.
     verify_pairs: every unit gives the verifier both a right and a wrong proposal (a contrastive
       pair on one prompt) instead of one of them (`wrong_fraction`); off: the stream as before.
+    cache_dir: where the copy-and-check testbed keeps its warm starts, one directory per
+      `testbed.warm_start_key` (not part of the key), so run directories on one machine share them;
+      "": inside the run directory (`<workdir>/warm_start/`).
   """
 
   steps: int = 300
@@ -342,6 +345,7 @@ class WarmStartConfig:
   verify_flip: float = 0.0
   revise_wrong: float = 0.0
   verify_pairs: bool = False
+  cache_dir: str = ""
 
   def __post_init__(self):
     for name in ("draft_wrong", "verify_flip", "revise_wrong"):

@@ -118,6 +118,7 @@ def warm_start_key(config: config_lib.ExperimentConfig) -> str:
   the prompts' wording): equal keys share one warm-start directory."""
   d = config.to_dict()
   parts = {k: d[k] for k in ("model", "data", "warm_start", "mesh")}
+  parts["warm_start"] = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}  # where, not what
   parts["rollout"] = {k: d["rollout"][k] for k in _WARM_START_ROLLOUT_KEYS}
   parts["seed"], parts["vocab_chunk"] = d["seed"], d["loss"]["vocab_chunk"]
   parts["prompts"] = _prompt_texts(config)
@@ -126,10 +127,12 @@ def warm_start_key(config: config_lib.ExperimentConfig) -> str:
 
 
 def ensure_warm_start(config: config_lib.ExperimentConfig, workdir: str) -> str:
-  """The warm-started checkpoint directory of `config` (trained once per `warm_start_key`)."""
+  """The warm-started checkpoint directory of `config`, trained once per `warm_start_key` into
+  `warm_start.cache_dir` (or `<workdir>/warm_start/` when that is empty) and reused after."""
   train_cases, _ = setup.load_data(config.data)
-  path = os.path.join(workdir, "warm_start", warm_start_key(config))
-  return warm_start.run(config, path, train_cases)
+  base = config.warm_start.cache_dir or os.path.join(workdir, "warm_start")
+  target = os.path.join(os.path.expanduser(base), warm_start_key(config))
+  return rundir.build_once(target, lambda path: warm_start.run(config, path, train_cases), "warm_start.json")
 
 
 def validation_cases(config: config_lib.ExperimentConfig):
@@ -245,12 +248,15 @@ def run(
   allow_config_change: bool = False,
 ) -> dict[str, Any]:
   """Warm start, gates, then every arm for every seed (seed-major, so a partial run covers every
-  arm), the report rewritten after each; returns the report's summary."""
+  arm), the report rewritten after each; returns the report's summary. `workdir` is created or
+  resumed for this config, arms and seeds (`lm.rundir.prepare_workdir`), as is each run in it."""
   from dpa_grpo import testbed_report  # the report imports this module's constants
 
   unknown = sorted(set(arms) - set(ARMS))
   if unknown:
     raise ValueError(f"unknown arm(s) {unknown}; arms are {sorted(ARMS)}")
+  stamp = {"experiment": config.to_dict(), "testbed": {"arms": list(arms), "seeds": list(seeds)}}
+  rundir.prepare_workdir(workdir, stamp, allow_changes=allow_config_change)
   checkpoint = ensure_warm_start(config, workdir)
   gates(config, checkpoint, workdir)
   summary: dict[str, Any] = {}

@@ -469,6 +469,9 @@ def vs_bon(m: Mapping[str, Any]) -> str:
   return f"{100 * m['vs_bon']:+.1f} pts (BoN {100 * m['bon_at_equal_calls']:.1f}%)"
 
 
+_MARKERS = "osD^v<>pPX*hH"
+
+
 def plot_accuracy_vs_calls(panels: Mapping[str, Mapping[str, Mapping[str, Any]]], path: str) -> None:
   """Accuracy (with its 95% CI) against mean solver calls, one point per method and the Best-of-N
   curve (when `best_of_n_curve` ran), one panel per benchmark (`panels`: {title: {method: metrics}};
@@ -482,10 +485,14 @@ def plot_accuracy_vs_calls(panels: Mapping[str, Mapping[str, Mapping[str, Any]]]
     if curve:
       ax.plot([c["mean_calls"] for c in curve], [c["accuracy"] for c in curve], "-", color="0.6", zorder=0,
               label=f"Best-of-N, N=1…{curve[-1]['n']}")  # fmt: skip
-    for name, m in by_method.items():
+    for i, (name, m) in enumerate(by_method.items()):
       if m["problems"] and not math.isnan(m["accuracy"]):
         err = [[m["accuracy"] - m["ci_low"]], [m["ci_high"] - m["accuracy"]]]
-        ax.errorbar([m["mean_calls"]], [m["accuracy"]], yerr=err, fmt="o", capsize=capsize, label=name)
+        # a marker per method as well as a colour: 13 methods outrun the 10-colour cycle, and
+        # methods that tie (the testbed's ablations) would hide one another behind one dot
+        marker, size = _MARKERS[i % len(_MARKERS)], 9 - 4 * i / max(1, len(by_method))
+        ax.errorbar([m["mean_calls"]], [m["accuracy"]], yerr=err, fmt=marker, ms=size, mfc="none",
+                    capsize=capsize, label=name)  # fmt: skip
     if title:
       ax.set_title(title)
     ax.set_xlabel("mean solver calls per problem")

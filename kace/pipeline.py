@@ -295,5 +295,14 @@ def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, re
       for seed, res in results.items()
     )
   )
+  panels = {
+    f"seed {seed}" + (f", {b}" if len(res) > 1 else ""): m
+    for seed, res in results.items()
+    for b, m in res.items()
+  }
+  evaluate.plot_accuracy_vs_calls(panels, os.path.join(workdir, "accuracy_vs_calls.png"))
+  text += (
+    "\n## Accuracy against solver calls, one panel per seed\n\n![accuracy vs calls](accuracy_vs_calls.png)\n"
+  )
   rundir.atomic_write_text(os.path.join(workdir, "report.md"), text)
   rundir.write_json(os.path.join(workdir, "results.json"), {str(s): r for s, r in results.items()})

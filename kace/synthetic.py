@@ -24,8 +24,6 @@ import math
 import os
 import random
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 
 from flax import nnx
@@ -278,7 +276,8 @@ def training_examples(
 def ensure_tiny_solver(cache_dir: str, config: TinySolverConfig = TinySolverConfig()) -> str:
   """The directory of the tiny solver for `config` (HF checkpoint + tokenizer + `tree.json`),
   built first if the cache does not hold it yet. Returns its path."""
-  return _ensure(cache_dir, f"tiny-solver-{config.key()}", lambda path: _build(path, config))
+  target = os.path.join(os.path.expanduser(cache_dir), f"tiny-solver-{config.key()}")
+  return rundir.build_once(target, lambda path: _build(path, config), marker="build.json")
 
 
 def _build(path: str, config: TinySolverConfig) -> None:
@@ -412,25 +411,8 @@ def testbed_examples(config: TestbedSolverConfig) -> list[tuple[list[dict[str, s
 def ensure_testbed_solver(cache_dir: str, config: TestbedSolverConfig = TestbedSolverConfig()) -> str:
   """The directory of the testbed solver for `config` (HF checkpoint + tokenizer), built first if
   the cache does not hold it yet; published atomically like `ensure_tiny_solver`."""
-  return _ensure(cache_dir, f"testbed-solver-{config.key()}", lambda path: _build_testbed(path, config))
-
-
-def _ensure(cache_dir: str, name: str, build: Callable[[str], None]) -> str:
-  target = os.path.join(os.path.abspath(cache_dir), name)
-  if os.path.exists(os.path.join(target, "build.json")):
-    return target
-  os.makedirs(os.path.dirname(target), exist_ok=True)
-  staging = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".building-")
-  try:
-    build(staging)
-    try:
-      os.rename(staging, target)
-    except OSError:  # another process published it first; theirs is identical
-      if not os.path.exists(os.path.join(target, "build.json")):
-        raise
-  finally:
-    shutil.rmtree(staging, ignore_errors=True)
-  return target
+  target = os.path.join(os.path.expanduser(cache_dir), f"testbed-solver-{config.key()}")
+  return rundir.build_once(target, lambda path: _build_testbed(path, config), marker="build.json")
 
 
 def _build_testbed(path: str, config: TestbedSolverConfig) -> None:

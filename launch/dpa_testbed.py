@@ -30,8 +30,7 @@ def main(argv):
   sharding.initialize_distributed()
   config = ExperimentConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
   arms, seeds = tuple(_ARMS.value), tuple(int(s) for s in _SEEDS.value)
-  stamp = {"experiment": config.to_dict(), "testbed": {"arms": list(arms), "seeds": list(seeds)}}
-  workdir = common.prepare_workdir(stamp)
+  workdir = common.WORKDIR.value
   testbed.run(config, workdir, arms=arms, seeds=seeds, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
   with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
     print(f.read())

@@ -12,8 +12,9 @@ import fnmatch
 import json
 import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -52,6 +53,30 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(text)
   except json.JSONDecodeError as e:
     raise ConfigFileError(f"{os.fspath(path)} is not valid JSON ({len(text)} chars): {e}") from e
+
+
+def build_once(target: str | os.PathLike, build: Callable[[str], Any], marker: str) -> str:
+  """`target`, built once: `build(staging)` fills a fresh sibling directory, which is then renamed
+  into place, so a killed build leaves nothing that looks finished and two processes building the
+  same target publish one of their identical results. `marker` is the file a finished build writes
+  last (its presence means done). Returns `target` as an absolute path."""
+  target = os.path.abspath(os.path.expanduser(os.fspath(target)))
+  if os.path.exists(os.path.join(target, marker)):
+    return target
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  staging = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".building-")
+  try:
+    build(staging)
+    if not os.path.exists(os.path.join(staging, marker)):
+      raise RuntimeError(f"the build of {target} finished without writing {marker}")
+    try:
+      os.rename(staging, target)
+    except OSError:  # another process published it first; theirs is identical
+      if not os.path.exists(os.path.join(target, marker)):
+        raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return target
 
 
 def append_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:

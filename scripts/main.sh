@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the project's main job on its built-in CPU default: the CPU-scale
-# DPA-GRPO reproduction on synthetic TY24 forms (warm start, DPA-GRPO, generator-only GRPO, the
-# report with the theory overlay), about 10 minutes on 2 cores. Rerunning resumes.
-# Extra arguments go to the launcher (e.g. --config.train.steps=10).
+# Sets up .venv and runs the project's main job on its built-in CPU default: both papers' CPU
+# testbeds into one report (python -m launch.main): the DPA-GRPO copy-and-check testbed (warm start,
+# step-0 gates, four arms x three seeds, pre-registered predictions, the ODE out of sample, the
+# theory figures) and the KACE latent-convention testbed (solver gates, every method x three seeds,
+# pre-registered predictions). The warm start and the solver are cached in ~/.cache; README says
+# how long each part takes. Rerunning resumes. Extra arguments go to the launcher
+# (e.g. --parts=kace). The synthetic-forms reproduction of the earlier main job:
+# python -m launch.dpa_grpo --workdir=runs/dpa_grpo
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/setup_env.sh
-workdir="${WORKDIR:-runs/dpa_grpo}"
-python -m launch.dpa_grpo --workdir="$workdir" --verbosity=-1 "$@"
-echo "Report written to $workdir/report.md (figures in $workdir/figures)"
+workdir="${WORKDIR:-runs/main}"
+python -m launch.main --workdir="$workdir" --verbosity=-1 "$@"
+echo "Report written to $workdir/report.md"

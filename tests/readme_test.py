@@ -20,6 +20,8 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
 # command without an entry fails `test_every_readme_command_is_run_by_a_test`.
 _RUNS = "tests/launch/readme_commands_test.py::"
 COMMANDS = {
+  "python -m launch.main --workdir=runs/main":
+    "tests/launch/main_test.py::test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates",
   "python -m launch.kace_eval --workdir=runs/kace_cpu":
     "tests/kace/evaluate_test.py::test_a_killed_run_resumes_without_solving_anything_twice",
   "python -m launch.kace_eval --config=configs/kace.py:qwen3_4b --workdir=runs/math "
@@ -39,7 +41,6 @@ COMMANDS = {
     "tests/dpa_grpo/testbed_test.py::test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size",
   "python -m launch.dpa_grpo --workdir=runs/dpa_grpo":
     _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
-  "python -m launch.dpa_grpo": _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
   "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=runs/dpa_tiny":
     _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
   "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=/runs/4b "

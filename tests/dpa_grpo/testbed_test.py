@@ -115,6 +115,7 @@ def _smoke_args(workdir):
     "--seeds=0",
     "--config.data.synthetic.n=12",
     "--config.warm_start.steps=2",
+    f"--config.warm_start.cache_dir={workdir}_cache",  # never the user's ~/.cache
     "--config.train.steps=1",
     "--config.train.eval_every=1",
     "--config.rollout.revisions=2",
@@ -124,7 +125,7 @@ def _smoke_args(workdir):
 def _smoke_config(**optim):
   c = dpa_config.get_config("testbed")
   c.data.synthetic.n = 12
-  c.warm_start.steps = 2
+  c.warm_start.update(steps=2, cache_dir="")  # "": inside the run directory
   c.train.update(steps=1, eval_every=1)
   c.rollout.revisions = 2
   c.optim.update(optim)

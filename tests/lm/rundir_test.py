@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -98,3 +99,26 @@ def test_a_launcher_refuses_a_workdir_of_another_config(tmp_path):
   assert (
     rundir.read_json(tmp_path / "config.json")["loss"]["beta"] == theory_config.get_config("smoke").loss.beta
   )
+
+
+def test_build_once_publishes_a_finished_build_only_and_builds_it_once(tmp_path):
+  calls = []
+
+  def build(path):
+    calls.append(path)
+    (pathlib.Path(path) / "weights").write_text("w")
+    (pathlib.Path(path) / "done.json").write_text("{}")
+
+  def crash(path):
+    (pathlib.Path(path) / "weights").write_text("half")
+    raise KeyboardInterrupt  # killed mid-build
+
+  target = tmp_path / "cache" / "key"
+  with pytest.raises(KeyboardInterrupt):
+    rundir.build_once(target, crash, marker="done.json")
+  assert not target.exists() and not list((tmp_path / "cache").iterdir())  # no half build left behind
+  with pytest.raises(RuntimeError, match="without writing done.json"):
+    rundir.build_once(target, lambda path: None, marker="done.json")
+  assert rundir.build_once(target, build, marker="done.json") == str(target)
+  assert rundir.build_once(target, build, marker="done.json") == str(target)
+  assert len(calls) == 1 and (target / "weights").read_text() == "w"
