@@ -78,6 +78,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       context="submitted",  # later lines show the submitted amount, or (reference) the draft x
       group_carry="first",  # generator-only: the draft carried to later lines (reference: best)
       unparsed_revision="missing",  # or "keep_draft": S_z = 0 and a REVISE on it submits x
+      decision_note=False,  # copy-and-check: KEEP / REVISE prompt says which amount matches the field
     )
   )
   # DPA-GRPO loss (dpa_grpo.losses): β, KL estimator (k1 = the reference code; k3; exact), weighting

@@ -215,14 +215,16 @@ def revision_prompt(line_prompt: str, proposal: str, sac: SAC | None) -> str:
   )
 
 
-def decision_prompt(line_prompt: str, proposal: str, sac: SAC | None, revision: str) -> str:
-  """The generator chooses between submitting its proposal and its revision."""
+def decision_prompt(line_prompt: str, proposal: str, sac: SAC | None, revision: str, note: str = "") -> str:
+  """The generator chooses between submitting its proposal and its revision; a task family's
+  `note` (`copycheck.decision_note`, when `RolloutConfig.decision_note` asks for it) is the last
+  line, nearest the decision ("": the same text as without the argument)."""
   return (
     f"{line_prompt}\n\nYour earlier answer was:\n{proposal.strip() or '(empty answer)'}\n\n"
     f"A reviewer objected:\n{_sac_block(sac)}\n\n"
     f"Your revised answer is:\n{revision.strip() or '(empty answer)'}\n\n"
     'Submit the earlier answer with {"decision": "KEEP"} or the revised one with '
-    '{"decision": "REVISE"}. Reply with that JSON only.'
+    '{"decision": "REVISE"}. Reply with that JSON only.' + (f"\n{note}" if note else "")
   )
 
 

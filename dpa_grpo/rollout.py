@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,8 @@ class RolloutConfig:
     unparsed_revision: an unparsable revision — "missing": scored like any missing amount
       (`missing_as_zero`) and submitted by REVISE; "keep_draft" (the reference code's
       `dual_rollout.py`): scored wrong (S_z = 0), and a REVISE on it submits the draft x.
+    decision_note: the copy-and-check family's KEEP / REVISE prompt ends with which of the draft
+      and the revision equals the field (`copycheck.decision_note`); off: the prompt as before.
   """
 
   lines: tuple[str, ...] = taxcalc.LINE_IDS
@@ -98,6 +100,7 @@ class RolloutConfig:
   context: str = "submitted"
   group_carry: str = "first"
   unparsed_revision: str = "missing"
+  decision_note: bool = False
 
   def __post_init__(self):
     if self.unparsed_revision not in UNPARSED_REVISIONS:
@@ -445,6 +448,15 @@ def verifier_prompt(case: taxcalc.TaxCase, line_id: str, line_prompt: str, propo
   return game.verifier_prompt(line_prompt, proposal, copycheck.verifier_note(case, line_id, proposal))
 
 
+def decision_prompt(
+  case: taxcalc.TaxCase, line_id: str, line_prompt: str, proposal: str, sac, revision: str, cfg: RolloutConfig
+) -> str:
+  """The KEEP / REVISE prompt of one unit, with `copycheck.decision_note` when `cfg.decision_note`.
+  Rollouts, the warm start and the task tokenizer all build it here."""
+  note = copycheck.decision_note(case, line_id, proposal, revision) if cfg.decision_note else ""
+  return game.decision_prompt(line_prompt, proposal, sac, revision, note)
+
+
 def _verify_phase(
   cases, drafts: Sequence[Draft], verifier: RolePolicy, cfg: RolloutConfig, how: _Play, seeds
 ):
@@ -504,6 +516,7 @@ def _revise_phase(
 
 
 def _decide_phase(
+  cases: Mapping[str, taxcalc.TaxCase],
   challenged: Sequence[tuple[Draft, Verdict]],
   revisions: Sequence[Revision],
   generator: RolePolicy,
@@ -514,7 +527,7 @@ def _decide_phase(
   """The generator's KEEP / REVISE on every SAC'd unit (one sampler call); in training, REVISE is
   forced with probability `explore`."""
   prompts = [
-    game.decision_prompt(d.prompt, d.x.text, v.parsed.sac, r.z.text)
+    decision_prompt(cases[d.case_id], d.line_id, d.prompt, d.x.text, v.parsed.sac, r.z.text, cfg)
     for (d, v), r in zip(challenged, revisions, strict=True)
   ]
   ids, replies = generator.generate(
@@ -587,6 +600,7 @@ def play(
   `greedy` is evaluation: temperature 0 everywhere, one revision, no exploration.
   """
   how = _Play.of(cfg, greedy)
+  by_id = {c.case_id: c for c in cases}
   shown = [cfg.show(c) for c in cases]
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
   units: list[Unit] = []
@@ -597,7 +611,7 @@ def play(
     verdicts = _verify_phase(cases, drafts, verifier, cfg, how, seeds)
     challenged = [(d, v) for d, v in zip(drafts, verdicts, strict=True) if v.parsed.action == game.SAC_ACTION]
     revisions = _revise_phase(challenged, generator, cfg, how, seeds)
-    decisions = _decide_phase(challenged, revisions, generator, cfg, how, seeds)
+    decisions = _decide_phase(by_id, challenged, revisions, generator, cfg, how, seeds)
     after_sac = {id(d): (r, c) for (d, _), r, c in zip(challenged, revisions, decisions, strict=True)}
     for draft, verdict, d in zip(drafts, verdicts, drafted, strict=True):
       keep_draft = cfg.unparsed_revision == "keep_draft"

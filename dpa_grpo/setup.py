@@ -61,7 +61,7 @@ def task_tokenizer(
       answer,
       rollout.verifier_prompt(case, line_id, prompt, answer),
       game.render_verifier_reply("wrong", sac),
-      game.decision_prompt(prompt, answer, sac, answer),
+      rollout.decision_prompt(case, line_id, prompt, answer, sac, answer, cfg),
     ]
   return tokenizer_lib.train_bpe_tokenizer(path, corpus, vocab_size=vocab_size, split_digits=True)
 

@@ -108,7 +108,7 @@ def _prompt_texts(config: config_lib.ExperimentConfig) -> list[str]:
       prompt,
       rollout.verifier_prompt(c, line_id, prompt, answer),
       game.revision_prompt(prompt, answer, sac),
-      game.decision_prompt(prompt, answer, sac, answer),
+      rollout.decision_prompt(c, line_id, prompt, answer, sac, answer, config.rollout),
     ]
   return texts
 

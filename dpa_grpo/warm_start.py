@@ -123,7 +123,8 @@ def examples(
     proposal = right if x_right else wrong
     revision = right if z_right else answer(corrupt(gold, rng))
     revise = z_right and not x_right
-    add("decide", game.decision_prompt(prompt, proposal, sac, revision), game.render_decision(revise))
+    decision = rollout.decision_prompt(case, line_id, prompt, proposal, sac, revision, rollout_cfg)
+    add("decide", decision, game.render_decision(revise))
   return out
 
 

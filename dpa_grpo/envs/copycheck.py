@@ -115,6 +115,29 @@ def draft_equals_field(case: taxcalc.TaxCase, line_id: str, amount: float | None
   return amount is not None and float(amount) == float(case.forms["w2"][key])
 
 
+def decision_note(case: taxcalc.TaxCase, line_id: str, proposal: str, revision: str) -> str:
+  """The last line of the KEEP / REVISE prompt when `RolloutConfig.decision_note` is on: both
+  amounts, the field, and which of them matches it ("Earlier 380, revised 415; the line copies
+  W-2 box 1 = 415; the earlier differs, the revision matches"); "" off-family.
+
+  Why (a post-hoc exploration, docs/dpa_grpo.md, amendment 4): the decision has to compare the
+  revision with the field quoted in the SAC's Evidence, the same equality the verifier's verdict
+  could not learn without `verifier_note`; in the registered comparison the greedy decision never
+  turned REVISE on a right revision. With this note the generator observes what the verifier does.
+  """
+  if not is_copycheck(case):
+    return ""
+  amounts = [taxcalc.parse_line_answer(t, line_id).value for t in (proposal, revision)]
+  shown = ["none" if a is None else taxcalc.format_amount(a) for a in amounts]
+  head = f"Earlier {shown[0]}, revised {shown[1]}"
+  if not checkable(line_id):
+    return f"{head}; no input field gives this line."
+  key, name = _FIELDS[line_id]
+  verdicts = ["matches" if draft_equals_field(case, line_id, a) else "differs" for a in amounts]
+  field = taxcalc.format_amount(case.forms["w2"][key])
+  return f"{head}; the line copies {name} = {field}; the earlier {verdicts[0]}, the revision {verdicts[1]}."
+
+
 def verifier_note(case: taxcalc.TaxCase, line_id: str, proposal: str) -> str:
   """The last line of the verifier's prompt (`game.verifier_prompt`): the amount the proposal
   gives and the input field the line copies, with its amount ("Proposed 380; the line copies W-2

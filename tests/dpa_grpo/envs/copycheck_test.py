@@ -125,6 +125,33 @@ def test_played_verifier_prompts_carry_the_note_of_their_case_and_line():
     assert unit.record()["verifier_prompt"] == prompt
 
 
+def test_the_decision_note_says_which_amount_matches_and_is_off_unless_asked():
+  """`RolloutConfig.decision_note` (a post-hoc exploration): off, the KEEP / REVISE prompt is the
+  text it was before the note existed; on, its last line says which of draft and revision equals
+  the field; never on another family."""
+  case = copycheck.generate_cases(1, seed=2)[0]
+  box1 = case.forms["w2"]["box1"]
+  off = rollout.RolloutConfig(lines=copycheck.LINES, compact_forms=True)
+  on = rollout.RolloutConfig(lines=copycheck.LINES, compact_forms=True, decision_note=True)
+  sac = setup.reviewer_sac(case, "1a")
+  x, z = off.answer("1a", 111, "r"), off.answer("1a", box1, "r")
+  plain = game.decision_prompt("the task", x, sac, z)
+  assert rollout.decision_prompt(case, "1a", "the task", x, sac, z, off) == plain
+  assert plain.endswith('{"decision": "REVISE"}. Reply with that JSON only.')
+  field = f"the line copies W-2 box 1 = {box1}"
+  note = f"Earlier 111, revised {box1}; {field}; the earlier differs, the revision matches."
+  assert copycheck.decision_note(case, "1a", x, z) == note
+  assert rollout.decision_prompt(case, "1a", "the task", x, sac, z, on) == plain + "\n" + note
+  assert copycheck.decision_note(case, "1a", z, x).endswith("the earlier matches, the revision differs.")
+  x12, z12 = off.answer("12", 111, "r"), off.answer("12", 222, "r")
+  assert (
+    copycheck.decision_note(case, "12", x12, z12)
+    == "Earlier 111, revised 222; no input field gives this line."
+  )
+  other = taxcalc.TaxCase("forms-0", {"w2": {"box1": 415}}, dict.fromkeys(taxcalc.LINE_IDS, 0.0))
+  assert rollout.decision_prompt(other, "1a", "the task", x, sac, z, on) == plain
+
+
 def test_testbed_preset_loads_copycheck_cases_with_a_160_unit_test_split():
   config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
   train, test = setup.load_data(config.data)
