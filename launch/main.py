@@ -86,13 +86,14 @@ def embed_report(text: str, subdir: str) -> str:
   return re.sub(r"(!?\[[^\]]*\]\()(?![a-z]+:|/|#)([^)]+\))", rf"\1{subdir}/\2", text)
 
 
-def write_report(workdir: str, parts: dict[str, dict]) -> str:
-  """`workdir/report.md` from each part's record (status, minutes, report path)."""
+def write_report(workdir: str, parts: dict[str, dict], commit: str) -> str:
+  """`workdir/report.md` from each part's record (status, minutes, report path); `commit`: the
+  code's, read when the job started (the checkout may move while it runs)."""
   lines = [
     "# The main job: both papers' CPU testbeds",
     "",
     f"- Finished {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {machine.summary()} "
-    f"(load at the end); commit {_commit()}.",
+    f"(load at the end); commit {commit} (at the start).",
     "- Command: `bash scripts/main.sh` (`python -m launch.main`); each part resumes on its own.",
   ]
   lines += [
@@ -118,7 +119,7 @@ def main(argv):
     raise app.UsageError(f"--parts: unknown part(s) {unknown}; parts are {list(PARTS)}")
   workdir = common.WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
-  parts, failed = {}, []
+  parts, failed, commit = {}, [], _commit()
   for part in (p for p in PARTS if p in _PARTS.value):
     sub = os.path.join(workdir, _DIRS[part])
     start = time.monotonic()
@@ -129,7 +130,7 @@ def main(argv):
       report, status = os.path.join(sub, "report.md"), f"stopped at its gates ({e})"
       failed.append(part)
     parts[part] = {"status": status, "minutes": (time.monotonic() - start) / 60, "report": report}
-    path = write_report(workdir, parts)
+    path = write_report(workdir, parts, commit)
   with open(path, encoding="utf-8") as f:
     print(f.read())
   if failed:

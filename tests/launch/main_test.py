@@ -33,11 +33,11 @@ def test_write_report_says_each_parts_status_and_embeds_what_it_wrote(tmp_path):
     "dpa_grpo": {"status": "done", "minutes": 3.25, "report": str(dpa / "report.md")},
     "kace": {"status": "stopped at its gates (x)", "minutes": 0.5, "report": str(tmp_path / "none.md")},
   }
-  text = pathlib.Path(main_job.write_report(str(tmp_path), parts)).read_text()
+  text = pathlib.Path(main_job.write_report(str(tmp_path), parts, "abc1234")).read_text()
   assert "DPA-GRPO: the copy-and-check testbed: done, 3.2 min" in text
   assert "**Stopped: stopped at its gates (x).** See `kace_testbed/gates.json`." in text
   assert "## DPA report" in text and "![cases](dpa_testbed/figures/cases.png)" in text
-  assert "CPUs" in text and "commit " in text  # the machine and the code the numbers came from
+  assert "CPUs" in text and "commit abc1234" in text  # the machine and the code the numbers came from
 
 
 @pytest.mark.slow
