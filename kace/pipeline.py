@@ -256,11 +256,13 @@ def run_testbed(
   if gates_only:
     testbed_gates(config, workdir)
     return os.path.join(workdir, "gates.json")
-  testbed_comparison(config, workdir)
+  testbed_comparison(config, workdir, allow_config_change=allow_config_change)
   return os.path.join(workdir, "report.md")
 
 
-def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=None) -> dict:
+def testbed_comparison(
+  config: config_lib.KaceConfig, workdir: str, embedder=None, *, allow_config_change: bool = False
+) -> dict:
   """The testbed comparison: the gates first (GateError if one fails), then `table` once per seed of
   `config.testbed.seeds` into `workdir/seed<s>/` (the testbed's conventions and the run's seeds
   both follow it), then the pre-registered predictions judged on every seed's records
@@ -274,7 +276,7 @@ def testbed_comparison(config: config_lib.KaceConfig, workdir: str, embedder=Non
   for seed in config.testbed.seeds:
     c = dataclasses.replace(config, seed=seed, testbed=dataclasses.replace(config.testbed, seed=seed))
     run = os.path.join(workdir, f"seed{seed}")
-    results[seed] = table(c, run, embedder)
+    results[seed] = table(c, run, embedder, allow_config_change=allow_config_change)
     evals += [os.path.join(run, bench, "eval") for bench in c.table.benchmarks]
     _testbed_report(config, workdir, gates, results, evals)  # after every seed: the seeds so far
   return {"gates": gates, "results": results}

@@ -2,6 +2,7 @@
 every registered method learned and evaluated on testbed problems into one table, the oracle
 (programmatic) teacher and curator answering every teacher and curator prompt, labelled as such."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -67,6 +68,16 @@ def test_testbed_comparison_runs_every_method_with_the_oracle_roles(tmp_path, mo
   assert all(f"| {name} | " in table for name in ALL)
   report = (tmp_path / "out" / "report.md").read_text()
   assert oracle.LABEL in report and "| 1 | kace > tiered" in report and "## Seed 0" in report
+  assert (
+    "![accuracy vs calls](accuracy_vs_calls.png)" in report
+    and (tmp_path / "out" / "accuracy_vs_calls.png").exists()
+  )
+  # A changed config stops at the top and, when allowed, in every stage below (seed0/testbed/eval).
+  changed = dataclasses.replace(config, learn=dataclasses.replace(config.learn, attempt_tokens=11))
+  with pytest.raises(rundir.ConfigFileError, match="another config"):
+    pipeline.run_testbed(str(tmp_path / "out"), changed)
+  pipeline.run_testbed(str(tmp_path / "out"), changed, allow_config_change=True)
+  assert (tmp_path / "out" / "seed0" / "testbed" / "eval" / "config.1.json").exists()
 
 
 @pytest.mark.slow
