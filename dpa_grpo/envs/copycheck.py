@@ -120,22 +120,32 @@ def decision_note(case: taxcalc.TaxCase, line_id: str, proposal: str, revision: 
   amounts, the field, and which of them matches it ("Earlier 380, revised 415; the line copies
   W-2 box 1 = 415; the earlier differs, the revision matches"); "" off-family.
 
-  Why (a post-hoc exploration, docs/dpa_grpo.md, amendment 4): the decision has to compare the
-  revision with the field quoted in the SAC's Evidence, the same equality the verifier's verdict
+  Why (a post-hoc exploration, docs/dpa_grpo.md, "Exploration after the registered
+  comparison"): the decision has to compare the revision with the field quoted in the SAC's Evidence, the same equality the verifier's verdict
   could not learn without `verifier_note`; in the registered comparison the greedy decision never
   turned REVISE on a right revision. With this note the generator observes what the verifier does.
   """
   if not is_copycheck(case):
     return ""
-  amounts = [taxcalc.parse_line_answer(t, line_id).value for t in (proposal, revision)]
-  shown = ["none" if a is None else taxcalc.format_amount(a) for a in amounts]
-  head = f"Earlier {shown[0]}, revised {shown[1]}"
+  (x, x_same), (z, z_same) = (_observed(case, line_id, text) for text in (proposal, revision))
+  head = f"Earlier {x}, revised {z}"
   if not checkable(line_id):
     return f"{head}; no input field gives this line."
+  said = lambda same: "matches" if same else "differs"
+  return f"{head}; {_copies(case, line_id)}; the earlier {said(x_same)}, the revision {said(z_same)}."
+
+
+def _observed(case: taxcalc.TaxCase, line_id: str, answer: str) -> tuple[str, bool | None]:
+  """An answer's amount as a note shows it ("none" when unparsable) and `draft_equals_field`."""
+  amount = taxcalc.parse_line_answer(answer, line_id).value
+  shown = "none" if amount is None else taxcalc.format_amount(amount)
+  return shown, draft_equals_field(case, line_id, amount)
+
+
+def _copies(case: taxcalc.TaxCase, line_id: str) -> str:
+  """ "the line copies W-2 box 1 = 415": the field a copy line copies, with its amount."""
   key, name = _FIELDS[line_id]
-  verdicts = ["matches" if draft_equals_field(case, line_id, a) else "differs" for a in amounts]
-  field = taxcalc.format_amount(case.forms["w2"][key])
-  return f"{head}; the line copies {name} = {field}; the earlier {verdicts[0]}, the revision {verdicts[1]}."
+  return f"the line copies {name} = {taxcalc.format_amount(case.forms['w2'][key])}"
 
 
 def verifier_note(case: taxcalc.TaxCase, line_id: str, proposal: str) -> str:
@@ -154,10 +164,7 @@ def verifier_note(case: taxcalc.TaxCase, line_id: str, proposal: str) -> str:
   """
   if not is_copycheck(case):
     return ""
-  amount = taxcalc.parse_line_answer(proposal, line_id).value
-  shown = "none" if amount is None else taxcalc.format_amount(amount)
+  shown, same = _observed(case, line_id, proposal)
   if not checkable(line_id):
     return f"Proposed {shown}; no input field gives this line."
-  key, name = _FIELDS[line_id]
-  same = "they match" if draft_equals_field(case, line_id, amount) else "they differ"
-  return f"Proposed {shown}; the line copies {name} = {taxcalc.format_amount(case.forms['w2'][key])}; {same}."
+  return f"Proposed {shown}; {_copies(case, line_id)}; {'they match' if same else 'they differ'}."
