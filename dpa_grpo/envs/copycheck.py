@@ -121,9 +121,10 @@ def decision_note(case: taxcalc.TaxCase, line_id: str, proposal: str, revision: 
   W-2 box 1 = 415; the earlier differs, the revision matches"); "" off-family.
 
   Why (a post-hoc exploration, docs/dpa_grpo.md, "Exploration after the registered
-  comparison"): the decision has to compare the revision with the field quoted in the SAC's Evidence, the same equality the verifier's verdict
-  could not learn without `verifier_note`; in the registered comparison the greedy decision never
-  turned REVISE on a right revision. With this note the generator observes what the verifier does.
+  comparison"): the decision has to compare the revision with the field quoted in the SAC's
+  Evidence, the same equality the verifier's verdict could not learn without `verifier_note`; in
+  the registered comparison the greedy decision never turned REVISE on a right revision. With this
+  note the generator observes what the verifier does.
   """
   if not is_copycheck(case):
     return ""
