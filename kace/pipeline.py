@@ -226,12 +226,26 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
 
 
 def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
-  """Builds (or finds) the testbed solver and measures its gates (`synthetic.testbed_gates`) on
-  `config.testbed`'s held-out problems; writes `workdir/gates.json` and returns it."""
+  """Builds (or finds) the testbed solver and measures its gates (`synthetic.testbed_gates`) on the
+  held-out problems of every seed of `config.testbed.seeds`; writes `workdir/gates.json` and returns
+  it: each seed's rates and verdicts under `seeds`, and a gate `passed` only where every seed passes.
+
+  Why every seed: a seed draws its own conventions, so its evaluated blocks hold other cards than
+  seed 0's. Gates measured on seed 0 alone passed a solver that could not read two cards seeds 1 and
+  2 evaluate ("addthree=total" 0.12, "addnine=total" 0.04 with the true card; docs/kace.md)."""
   config = evaluate.resolve(config)
   solver = methods.role(config.roles.solver)
-  gates = synthetic.testbed_gates(solver, config.testbed.testbed(), config.sampling.params())
-  gates = {**gates, "solver": config.roles.solver.checkpoint, "bounds": synthetic.GATES}
+  params = config.sampling.params()
+  testbeds = {str(s): dataclasses.replace(config.testbed, seed=s).testbed() for s in config.testbed.seeds}
+  per_seed = {seed: synthetic.testbed_gates(solver, tb, params) for seed, tb in testbeds.items()}
+  passed = {name: all(g["passed"][name] for g in per_seed.values()) for name in synthetic.GATES}
+  gates = {
+    "seeds": per_seed,
+    "passed": passed,
+    "all_passed": all(passed.values()),
+    "solver": config.roles.solver.checkpoint,
+    "bounds": synthetic.GATES,
+  }
   rundir.write_json(os.path.join(workdir, "gates.json"), gates)
   return gates
 
@@ -285,12 +299,18 @@ def testbed_comparison(
 def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, results: dict, evals) -> None:
   control = config.testbed.control
   judged = predictions.MAIN if control == "none" else predictions.CONTROLS[control]
-  rates = "\n".join(f"| {k} | {v:.3f} |" for k, v in gates["rates"].items())
+  seeds = list(gates["seeds"])
+  conditions = next(iter(gates["seeds"].values()))["rates"]
+  rates = "\n".join(
+    f"| {k} | " + " | ".join(f"{gates['seeds'][s]['rates'][k]:.3f}" for s in seeds) + " |" for k in conditions
+  )
   text = (
     f"# The latent-convention testbed (control: {control}; teacher and curator: {oracle.LABEL})\n\n"
     f"Seeds run: {', '.join(map(str, results))} of {', '.join(map(str, config.testbed.seeds))}.\n\n"
     f"## Gates (level 2: true card >= 0.8, no card <= 0.3, true card + distractors >= 0.7)\n\n"
-    f"| condition / level | solve rate |\n|---|---|\n{rates}\n\n"
+    f"Measured on every seed's held-out problems; a gate passes when it passes in every seed.\n\n"
+    f"| condition / level | {' | '.join(f'seed {s}' for s in seeds)} |\n"
+    f"|---|{'---|' * len(seeds)}\n{rates}\n\n"
     f"## Pre-registered predictions (docs/kace.md)\n\n{predictions.report(evals, judged)}\n"
     + "".join(
       f"## Seed {seed}\n\n{table_markdown(res, config.table.methods).split(chr(10), 2)[2]}\n"

@@ -340,7 +340,7 @@ class TestbedSolverConfig:
   """
 
   seed: int = 0
-  examples: int = 20_000
+  examples: int = 40_000
   card_fraction: float = 0.7
   min_distractors: int = 0
   max_distractors: int = 8
@@ -356,7 +356,7 @@ class TestbedSolverConfig:
   num_heads: int = 4
   num_kv_heads: int = 4
   head_dim: int = 16
-  steps: int = 2000
+  steps: int = 3500
   batch_size: int = 32
   learning_rate: float = 3e-3
   warmup_steps: int = 50

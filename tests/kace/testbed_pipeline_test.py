@@ -106,4 +106,9 @@ def test_the_launcher_refuses_a_solver_that_fails_its_gates(tmp_path):
     "no_card",
     "true_card_and_distractors",
   }
+  # measured on every seed's own blocks; a gate passes only where it passes in every seed
+  assert set(gates["seeds"]) == {"0", "1", "2"}
+  assert gates["passed"] == {
+    name: all(g["passed"][name] for g in gates["seeds"].values()) for name in gates["passed"]
+  }
   assert not (run / "seed0").exists()  # no comparison ran
