@@ -250,6 +250,25 @@ def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
   return gates
 
 
+def testbed_card_map(config: config_lib.KaceConfig, workdir: str) -> dict:
+  """The testbed solver's solve rate with each card alone, every level >= 2 kind × every member of H
+  (`synthetic.card_rates`; not a gate: the map of the cards a seed or a control could evaluate);
+  writes `workdir/card_map.json` and returns it, with the cards below the true-card gate's bound."""
+  config = evaluate.resolve(config)
+  rates = synthetic.card_rates(
+    methods.role(config.roles.solver), config.testbed.solver.form, config.sampling.params(), seed=config.seed
+  )
+  bound = synthetic.GATES["true_card"][1]
+  card_map = {
+    "rates": rates,
+    "below_bound": sorted(card for card, rate in rates.items() if rate < bound),
+    "bound": bound,
+    "solver": config.roles.solver.checkpoint,
+  }
+  rundir.write_json(os.path.join(workdir, "card_map.json"), card_map)
+  return card_map
+
+
 def run_testbed(
   workdir: str,
   config: config_lib.KaceConfig | None = None,
@@ -260,8 +279,9 @@ def run_testbed(
   """The testbed as `python -m launch.kace_testbed` runs it, for any caller (that launcher, the main
   job): `workdir` created or resumed for `config` (`lm.rundir.prepare_workdir`; default
   configs/kace.py:testbed), then the comparison (`testbed_comparison`), or with `gates_only` only the
-  solver's build and gates. Returns the path of `report.md` (`gates.json` with `gates_only`); raises
-  GateError, after writing `gates.json`, when the solver fails a gate."""
+  solver's build, its gates and its card map (`testbed_card_map`). Returns the path of `report.md`
+  (`gates.json` with `gates_only`); raises GateError, after writing `gates.json`, when the solver
+  fails a gate."""
   if config is None:
     import configs.kace  # the project's presets; imported here so the library does not need them
 
@@ -269,6 +289,7 @@ def run_testbed(
   workdir = rundir.prepare_workdir(workdir, config, allow_changes=allow_config_change)
   if gates_only:
     testbed_gates(config, workdir)
+    testbed_card_map(config, workdir)
     return os.path.join(workdir, "gates.json")
   testbed_comparison(config, workdir, allow_config_change=allow_config_change)
   return os.path.join(workdir, "report.md")

@@ -556,3 +556,41 @@ def testbed_gates(
     for name, (op, bound) in GATES.items()
   }
   return {"rates": rates, "passed": passed, "all_passed": all(passed.values())}
+
+
+def card_rates(
+  generator: generators.TextGenerator,
+  form: str,
+  params: generators.GenerationParams,
+  per_card: int = 6,
+  samples: int = 4,
+  seed: int = 0,
+) -> dict[str, float]:
+  """Solve rate of `generator` with each card alone, for every level >= 2 kind and every member of H
+  ("total/addthree": the share of right samples on `per_card` fresh problems of kind "total" whose
+  notes hold only the card "addthree=total").
+
+  Why: the gates measure the cards a seed evaluates, a handful of the 90. In the keyed form every card
+  is a token of its own, learnt from its own examples, so one card can go unread while the others
+  are read (build 12: "asis=total" 0.17, which the identity control evaluates; docs/kace.md). This is
+  the map of every card, to see which a solver cannot read before a seed or a control needs it."""
+  rng = random.Random(f"testbed-card-rates-{seed}")
+  prompts, keys, per_prompt = [], [], []
+  for (domain, level), kind in testbed.KINDS.items():
+    if level == 1:
+      continue
+    for rule in testbed.H:
+      for i in range(per_card):
+        a, op, b = testbed.draw_base(domain, rng)
+        notes = convention_notes([testbed.card_text(kind, rule, form)])
+        prompts.append(solver_messages(testbed.question(kind, a, op, b, form), notes))
+        keys.append((f"{kind}/{rule.describe('keyed')}", str(rule.apply(testbed.OPS[op](a, b)))))
+        draw = seeding.derive_seed(seed, kind, rule.describe(), i)
+        per_prompt.append(dataclasses.replace(params, seed=draw))
+  results = generator.generate(prompts, n=samples, params=per_prompt)
+  tally: dict[str, list[int]] = {}
+  for (card, gold), gens in zip(keys, results, strict=True):
+    count = tally.setdefault(card, [0, 0])
+    count[0] += sum(answers.extract_answer(g.text) == gold for g in gens)
+    count[1] += len(gens)
+  return {card: right / total for card, (right, total) in tally.items()}

@@ -5,7 +5,8 @@ python -m launch.kace_testbed --workdir=runs/kace_testbed
 python -m launch.kace_testbed --workdir=runs/kace_testbed_identity --config.testbed.control=identity
 
 A solver that fails a gate stops the run (GateError) before any comparison: gates.json says which.
-`--gates_only` builds (or finds) the solver and measures its gates, nothing else (a solver build).
+`--gates_only` builds (or finds) the solver and measures its gates and its card map (card_map.json:
+the solve rate with each card alone), nothing else (a solver build).
 """
 
 from absl import app, flags
@@ -17,7 +18,7 @@ from launch import common
 from lm import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py:testbed", lock_config=True)
-_GATES_ONLY = flags.DEFINE_bool("gates_only", False, "only build the solver and measure its gates")
+_GATES_ONLY = flags.DEFINE_bool("gates_only", False, "only build the solver; measure its gates and card map")
 
 
 def main(_):

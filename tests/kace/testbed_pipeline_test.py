@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import configs.kace
-from kace import cards, learn, methods, oracle, pipeline
+from kace import cards, learn, methods, oracle, pipeline, testbed
 from kace import config as kace_config
 from lm import rundir
 from tests.kace import learn_helpers
@@ -112,3 +112,13 @@ def test_the_launcher_refuses_a_solver_that_fails_its_gates(tmp_path):
     name: all(g["passed"][name] for g in gates["seeds"].values()) for name in gates["passed"]
   }
   assert not (run / "seed0").exists()  # no comparison ran
+  # --gates_only (a solver build): the cached solver's gates and its card map, no comparison
+  inspect = tmp_path / "inspect"
+  command = [c.replace(str(run), str(inspect)) for c in command] + ["--gates_only"]
+  done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert rundir.read_json(inspect / "gates.json")["seeds"] == gates["seeds"]
+  card_map = rundir.read_json(inspect / "card_map.json")
+  assert len(card_map["rates"]) == 6 * len(testbed.H) and card_map["solver"] == gates["solver"]
+  assert card_map["below_bound"] == sorted(c for c, r in card_map["rates"].items() if r < 0.8)
+  assert not (inspect / "seed0").exists()

@@ -134,3 +134,17 @@ def test_a_curriculum_build_trains_a_short_prompt_phase_first(tmp_path):
   history = rundir.read_json(os.path.join(path, "build.json"))["sft"]
   phases = [(h.get("phase", "main"), h["step"]) for h in history]
   assert phases == [("curriculum", 1), ("curriculum", 2), ("curriculum", 3), ("main", 1), ("main", 2)]
+
+
+@pytest.mark.parametrize("form", testbed.FORMS)
+def test_card_map_reads_every_card_of_a_solver_that_uses_cards_and_only_as_is_of_one_that_does_not(form):
+  rates = synthetic.card_rates(testbed_helpers.ConventionSolver(), form, PARAMS, per_card=2, samples=2)
+  level2 = [kind for (_, level), kind in testbed.KINDS.items() if level > 1]
+  assert set(rates) == {f"{kind}/{h.describe('keyed')}" for kind in level2 for h in testbed.H}
+  assert set(rates.values()) == {1.0}
+  blind = synthetic.card_rates(CardBlind(), form, PARAMS, per_card=6, samples=2)
+  # the base is the answer under "as is", and under another rule only where the base is 0 (times k)
+  asis = {f"{kind}/asis" for kind in level2}
+  assert all(blind[card] == 1.0 for card in asis)
+  others = [rate for card, rate in blind.items() if card not in asis]
+  assert sum(others) / len(others) < 0.1
