@@ -232,7 +232,7 @@ def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
 
   Why every seed: a seed draws its own conventions, so its evaluated blocks hold other cards than
   seed 0's. Gates measured on seed 0 alone passed a solver that could not read two cards seeds 1 and
-  2 evaluate ("addthree=total" 0.12, "addnine=total" 0.04 with the true card; docs/kace.md)."""
+  2 evaluate ("addthree=total" 0.125, "addnine=total" 0.083 with the true card; docs/kace.md)."""
   config = evaluate.resolve(config)
   solver = methods.role(config.roles.solver)
   params = config.sampling.params()

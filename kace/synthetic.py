@@ -545,12 +545,8 @@ def testbed_gates(
       seed = seeding.derive_seed(base, p.id, f"gate-{condition}")
       per_prompt.append(dataclasses.replace(params, seed=seed))
   results = generator.generate(prompts, n=samples, params=per_prompt)
-  tally: dict[tuple[str, int], list[int]] = {}
-  for (condition, level, gold), gens in zip(keys, results, strict=True):
-    right = sum(answers.extract_answer(g.text) == gold for g in gens)
-    count = tally.setdefault((condition, level), [0, 0])
-    count[0], count[1] = count[0] + right, count[1] + len(gens)
-  rates = {f"{c}/L{lv}": right / total for (c, lv), (right, total) in sorted(tally.items())}
+  labelled = [(f"{condition}/L{level}", gold) for condition, level, gold in keys]
+  rates = dict(sorted(_solve_rates(labelled, results).items()))
   passed = {
     name: (rates[f"{name}/L2"] >= bound if op == ">=" else rates[f"{name}/L2"] <= bound)
     for name, (op, bound) in GATES.items()
@@ -572,7 +568,7 @@ def card_rates(
 
   Why: the gates measure the cards a seed evaluates, a handful of the 90. In the keyed form every card
   is a token of its own, learnt from its own examples, so one card can go unread while the others
-  are read (build 12: "asis=total" 0.17, which the identity control evaluates; docs/kace.md). This is
+  are read (build 12: "asis=total" 0.125, which the identity control evaluates; docs/kace.md). This is
   the map of every card, to see which a solver cannot read before a seed or a control needs it."""
   rng = random.Random(f"testbed-card-rates-{seed}")
   prompts, keys, per_prompt = [], [], []
@@ -587,10 +583,15 @@ def card_rates(
         keys.append((f"{kind}/{rule.describe('keyed')}", str(rule.apply(testbed.OPS[op](a, b)))))
         draw = seeding.derive_seed(seed, kind, rule.describe(), i)
         per_prompt.append(dataclasses.replace(params, seed=draw))
-  results = generator.generate(prompts, n=samples, params=per_prompt)
+  return _solve_rates(keys, generator.generate(prompts, n=samples, params=per_prompt))
+
+
+def _solve_rates(keys: Sequence[tuple[str, str]], results) -> dict[str, float]:
+  """Share of right samples per label, from (label, gold) per prompt and each prompt's generations
+  (the gates' and the card map's one tally)."""
   tally: dict[str, list[int]] = {}
-  for (card, gold), gens in zip(keys, results, strict=True):
-    count = tally.setdefault(card, [0, 0])
+  for (label, gold), gens in zip(keys, results, strict=True):
+    count = tally.setdefault(label, [0, 0])
     count[0] += sum(answers.extract_answer(g.text) == gold for g in gens)
     count[1] += len(gens)
-  return {card: right / total for card, (right, total) in tally.items()}
+  return {label: right / total for label, (right, total) in tally.items()}
