@@ -178,6 +178,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       test_per_cell=12,
       control="none",  # none | identity | shared | level1
       seeds=(0, 1, 2),  # launch/kace_testbed.py: one table per seed, predictions judged on all
+      workers=0,  # seeds run at once, one process each; 0: every seed on a 1-process CPU run, else 1
       solver=dict(
         seed=0,
         examples=40_000,  # build 13 (docs/kace.md): 20,000 / 2,000 steps left 5 of 90 cards unread

@@ -295,6 +295,9 @@ class TestbedSection:
     oracle_noise: the oracle teacher's rate of wrong rules.
     seed, per_cell, test_per_cell, control: `testbed.TestbedConfig`.
     seeds: the comparison's seeds (`pipeline.testbed_comparison`): each sets `seed` and the run's seed.
+    workers: how many seeds run at once, each in its own process (`pipeline.testbed_workers`); 0:
+      every seed at once on a single-process CPU run, one otherwise. Results do not depend on it, so
+      a rerun may change it (`lm.rundir.SAFE_CONFIG_KEYS`).
     solver: `synthetic.TestbedSolverConfig`.
   """
 
@@ -307,12 +310,17 @@ class TestbedSection:
   test_per_cell: int = 12
   control: str = "none"
   seeds: tuple[int, ...] = (0, 1, 2)
+  workers: int = 0
   solver: synthetic.TestbedSolverConfig = dataclasses.field(default_factory=synthetic.TestbedSolverConfig)
 
   def __post_init__(self):
     self.testbed()  # TestbedConfig checks its own fields
     if not 0 <= self.oracle_noise <= 1:
       raise ValueError(f"testbed.oracle_noise must be in [0, 1], got {self.oracle_noise}")
+    if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"testbed.seeds must be distinct and at least one, got {self.seeds}")
+    if self.workers < 0:
+      raise ValueError(f"testbed.workers must be >= 0 (0: automatic), got {self.workers}")
 
   def testbed(self) -> testbed_lib.TestbedConfig:
     """The testbed, in the surface form its solver is trained on."""

@@ -8,10 +8,13 @@ and the paper's reported number beside it where there is one) and one plot.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import multiprocessing
 import os
 import random
 from collections.abc import Mapping, Sequence
+from concurrent import futures
 from typing import Any
 
 from kace import (
@@ -179,6 +182,9 @@ def table(
       learn=dataclasses.replace(c.learn, dir=os.path.join(workdir, bench, "build")),
       kace=dataclasses.replace(c.kace, tree=built["kace"]) if "kace" in built else c.kace,
     )
+    # Resolved before the run directory compares configs: evaluate.run records the resolved one
+    # (the solver's cached path), so an unresolved config would never match it on a resume.
+    c = evaluate.resolve(c)
     eval_dir = rundir.prepare_workdir(
       os.path.join(workdir, bench, "eval"), c, allow_changes=allow_config_change
     )
@@ -300,24 +306,79 @@ def testbed_comparison(
 ) -> dict:
   """The testbed comparison: the gates first (GateError if one fails), then `table` once per seed of
   `config.testbed.seeds` into `workdir/seed<s>/` (the testbed's conventions and the run's seeds
-  both follow it), then the pre-registered predictions judged on every seed's records
-  (`kace.predictions`; the control's own predictions under a control) into `workdir/report.md`."""
+  both follow it), `testbed_workers` of them at once in their own processes, then the pre-registered
+  predictions judged on every seed's records (`kace.predictions`; the control's own predictions
+  under a control) into `workdir/report.md`, rewritten as each seed finishes. A seed that fails
+  does not stop the others; the error is raised once they are done."""
   os.makedirs(workdir, exist_ok=True)
   gates = testbed_gates(config, workdir)
   _log.info("testbed gates: %s", gates)
   if not gates["all_passed"]:
     raise GateError(f"the testbed solver fails its gates ({gates['passed']}); see {workdir}/gates.json")
-  results, evals = {}, []
-  for seed in config.testbed.seeds:
-    c = dataclasses.replace(config, seed=seed, testbed=dataclasses.replace(config.testbed, seed=seed))
-    run = os.path.join(workdir, f"seed{seed}")
-    results[seed] = table(c, run, embedder, allow_config_change=allow_config_change)
-    evals += [os.path.join(run, bench, "eval") for bench in c.table.benchmarks]
-    _testbed_report(config, workdir, gates, results, evals)  # after every seed: the seeds so far
-  return {"gates": gates, "results": results}
+  seeds = config.testbed.seeds
+  workers = testbed_workers(config, embedder)
+  _log.info("testbed seeds %s, %d at once", seeds, workers)
+  results, errors = {}, {}
+
+  def finish(seed: int, result) -> None:
+    """Records a finished seed (`result()` gives its table or raises) and rewrites the report."""
+    try:
+      results[seed] = result()
+    except Exception as e:  # one seed's failure never loses another's: the rest run first
+      _log.error("testbed seed %s failed: %r", seed, e)
+      errors[seed] = e
+      return
+    ordered = {s: results[s] for s in seeds if s in results}  # seed order, whatever finished first
+    _testbed_report(config, workdir, gates, ordered)
+
+  if workers == 1:
+    for seed in seeds:
+      finish(seed, functools.partial(_seed_table, config, workdir, seed, embedder, allow_config_change))
+  else:
+    # spawn, not fork: a forked child would inherit this process's XLA threads mid-flight.
+    context = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+      running = {
+        pool.submit(_seed_table, config, workdir, seed, None, allow_config_change): seed for seed in seeds
+      }
+      for future in futures.as_completed(running):
+        finish(running[future], future.result)
+  if errors:
+    _log.error("testbed seeds %s failed; raising the first one's error", sorted(errors))
+    raise errors[min(errors)]
+  return {"gates": gates, "results": {s: results[s] for s in seeds}}
 
 
-def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, results: dict, evals) -> None:
+def testbed_workers(config: config_lib.KaceConfig, embedder=None) -> int:
+  """How many of the testbed's seeds run at once, each in its own process (`testbed.workers`; 0:
+  every seed at once on a single-process CPU run, else one). A seed's run is a loop of small jitted
+  calls that keeps about one core busy on XLA:CPU, so on the 2-core machine three seeds in three
+  processes take about two thirds of the wall time of one after another (13.8 against 20.5 min;
+  docs/kace.md). An accelerator, or a
+  multi-host run, belongs to one process, and an embedder object passed in cannot cross into another
+  process: both run the seeds one after another."""
+  import jax
+
+  n = config.testbed.workers
+  if embedder is not None:
+    return 1
+  if n == 0:
+    n = len(config.testbed.seeds) if jax.default_backend() == "cpu" and jax.process_count() == 1 else 1
+  return max(1, min(n, len(config.testbed.seeds)))
+
+
+def _seed_table(
+  config: config_lib.KaceConfig, workdir: str, seed: int, embedder, allow_config_change: bool
+) -> dict:
+  """One seed's `table` into `workdir/seed<seed>/` (the testbed's conventions and the run's seeds
+  both follow it); module-level so that a worker process can run it."""
+  c = dataclasses.replace(config, seed=seed, testbed=dataclasses.replace(config.testbed, seed=seed))
+  return table(c, os.path.join(workdir, f"seed{seed}"), embedder, allow_config_change=allow_config_change)
+
+
+def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, results: dict) -> None:
+  benches = config.table.benchmarks
+  evals = [os.path.join(workdir, f"seed{s}", bench, "eval") for s in results for bench in benches]
   control = config.testbed.control
   judged = predictions.MAIN if control == "none" else predictions.CONTROLS[control]
   seeds = list(gates["seeds"])

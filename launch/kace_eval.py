@@ -18,6 +18,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py", lock_conf
 def main(_):
   sharding.initialize_distributed()
   config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
+  # resolved first: evaluate.run records the resolved config, which a resume must compare against
+  config = evaluate.resolve(config)
   workdir = common.prepare_workdir(config)
   evaluate.run(config, workdir)
 

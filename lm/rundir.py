@@ -144,6 +144,7 @@ SAFE_CONFIG_KEYS = (
   "*.max_retries",
   "*.timeout",
   "grader.workers",
+  "testbed.workers",
 )
 
 

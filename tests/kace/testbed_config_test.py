@@ -34,6 +34,9 @@ def test_testbed_defaults_are_the_library_defaults():
     kace_config.KaceConfig.from_dict({**c.to_dict(), "testbed": {**c.testbed.to_dict(), "control": "x"}})
   with pytest.raises(ValueError, match="oracle_noise"):
     kace_config.KaceConfig.from_dict({**c.to_dict(), "testbed": {**c.testbed.to_dict(), "oracle_noise": 2.0}})
+  for field, bad in (("workers", -1), ("seeds", (0, 0)), ("seeds", ())):
+    with pytest.raises(ValueError, match=f"testbed.{field}"):
+      kace_config.KaceConfig.from_dict({**c.to_dict(), "testbed": {**c.testbed.to_dict(), field: bad}})
 
 
 def test_testbed_problems_load_like_a_benchmark(grader):

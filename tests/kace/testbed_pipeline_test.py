@@ -72,12 +72,27 @@ def test_testbed_comparison_runs_every_method_with_the_oracle_roles(tmp_path, mo
     "![accuracy vs calls](accuracy_vs_calls.png)" in report
     and (tmp_path / "out" / "accuracy_vs_calls.png").exists()
   )
+  # A plain rerun resumes (the eval stage records the resolved solver path; the rerun compares the same).
+  assert pipeline.run_testbed(str(tmp_path / "out"), config) == report_path
   # A changed config stops at the top and, when allowed, in every stage below (seed0/testbed/eval).
   changed = dataclasses.replace(config, learn=dataclasses.replace(config.learn, attempt_tokens=11))
   with pytest.raises(rundir.ConfigFileError, match="another config"):
     pipeline.run_testbed(str(tmp_path / "out"), changed)
   pipeline.run_testbed(str(tmp_path / "out"), changed, allow_config_change=True)
   assert (tmp_path / "out" / "seed0" / "testbed" / "eval" / "config.1.json").exists()
+  # Seeds in worker processes (testbed.workers): seed 0 resumes and seed 1 runs, each in a spawned
+  # process; seed 1's table is the one a run of seed 1 alone, in this process, gives.
+  first = json.loads((tmp_path / "out" / "results.json").read_text())["0"]
+  two = dataclasses.replace(changed, testbed=dataclasses.replace(changed.testbed, seeds=(0, 1), workers=2))
+  assert pipeline.testbed_workers(two) == 2
+  pipeline.run_testbed(str(tmp_path / "out"), two, allow_config_change=True)
+  both = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert list(both) == ["0", "1"] and both["0"] == first
+  alone = dataclasses.replace(two, testbed=dataclasses.replace(two.testbed, seeds=(1,), workers=1))
+  assert pipeline.testbed_workers(alone) == 1
+  pipeline.run_testbed(str(tmp_path / "alone"), alone)
+  assert json.loads((tmp_path / "alone" / "results.json").read_text())["1"] == both["1"]
+  assert "Seeds run: 0, 1 of 0, 1." in (tmp_path / "out" / "report.md").read_text()
 
 
 @pytest.mark.slow
