@@ -48,11 +48,14 @@ class Ours:
     import jax
 
     import lm
-    from lm.sampler import Sampler
+    from lm.sampler import Sampler, SamplerConfig
 
     self.version = f"jax {jax.__version__}"
     print(f"lm from {os.path.dirname(lm.__file__)}", file=sys.stderr)
-    self.sampler = Sampler(lm.load_hf(path, dtype="float32"))
+    # `sampler_bench --variant`: SamplerConfig fields of this engine (none: the defaults)
+    overrides = json.loads(os.environ.get("BENCH_SAMPLER_CONFIG") or "{}")
+    config = SamplerConfig(**overrides)
+    self.sampler = Sampler(lm.load_hf(path, dtype="float32"), config=config)
     self.prompts = prompts
 
   def generate(self, new: int) -> dict:

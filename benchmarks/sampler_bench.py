@@ -17,6 +17,8 @@ that rotates from trial to trial, so machine load falls on every engine alike.
 
 `--baseline=REF` adds the engine `ours@REF`: `lm` as committed at REF (extracted with `git archive`),
 so a change to the sampler is measured against its parent in the same interleaved run.
+`--variant=NAME:FIELD=VALUE[,FIELD=VALUE]` (repeatable) adds the engine `ours[NAME]`: this tree's
+sampler with those `SamplerConfig` fields (e.g. `--variant=xla:cpu_gemm_threads=0`).
 
 Reported per engine, as median [min–max] over the trials: decode tok/s = B·(new − 1) / (t_new − t1)
 (prefill not counted), end-to-end tok/s = B·new / t_new, t1 (the time to the first token), and the
@@ -28,6 +30,7 @@ CPU, its SIMD flags, the measured read bandwidth and the load average before and
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -55,6 +58,23 @@ _QUICK = flags.DEFINE_bool("quick", False, "A tiny shape, ours and transformers,
 _OUT = flags.DEFINE_string("out", "", "Also write every measurement to this JSON file.")
 _THREADS = flags.DEFINE_integer("threads", 0, "Threads per engine (0: every core of the machine).")
 _BASELINE = flags.DEFINE_string("baseline", "", "A git ref: also run `ours@REF`, this project's lm at REF.")
+_VARIANTS = flags.DEFINE_multi_string(
+  "variant", [], "NAME:FIELD=VALUE[,FIELD=VALUE]: also run `ours[NAME]`, with those SamplerConfig fields."
+)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+  """ "NAME:FIELD=VALUE,..." -> ("ours[NAME]", {FIELD: value}); values are Python literals."""
+  name, sep, fields = text.partition(":")
+  if not name or not sep:
+    raise ValueError(f"--variant={text!r}: expected NAME:FIELD=VALUE[,FIELD=VALUE]")
+  overrides = {}
+  for item in filter(None, fields.split(",")):
+    field, eq, value = item.partition("=")
+    if not eq:
+      raise ValueError(f"--variant={text!r}: {item!r} is not FIELD=VALUE")
+    overrides[field.strip()] = ast.literal_eval(value.strip())
+  return f"ours[{name}]", overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,11 +222,14 @@ def run_shape(
   threads: int,
   workdir: pathlib.Path,
   sources: dict[str, pathlib.Path],
+  variants: dict[str, dict] | None = None,
 ) -> dict:
   """Every engine at one shape, trials interleaved; returns the measurements and failures.
 
-  `sources` maps an `ours@REF` engine to its extracted tree (every other engine runs from ROOT).
+  `sources` maps an `ours@REF` engine to its extracted tree (every other engine runs from ROOT);
+  `variants` maps an `ours[NAME]` engine to its `SamplerConfig` fields.
   """
+  variants = variants or {}
   checkpoint = workdir / "checkpoint"
   write_checkpoint(shape, checkpoint)
   env = worker_env(shape, threads, workdir)
@@ -214,7 +237,8 @@ def run_shape(
   def maker(engine: str):
     kind = "ours" if engine.startswith("ours") else engine
     argv = [str(engine_python(engine)), str(ROOT / "benchmarks" / "engines.py"), kind, str(checkpoint)]
-    return lambda: harness.Worker(engine, argv, workdir / f"{engine}.log", env, sources.get(engine, ROOT))
+    own_env = {**env, "BENCH_SAMPLER_CONFIG": json.dumps(variants.get(engine, {}))}
+    return lambda: harness.Worker(engine, argv, workdir / f"{engine}.log", own_env, sources.get(engine, ROOT))
 
   def warm_up(worker: harness.Worker) -> tuple[float, float]:
     return (
@@ -306,16 +330,17 @@ def main(argv):
   sources = {}
   if _BASELINE.value:
     sources[f"ours@{_BASELINE.value}"] = extract_ref(_BASELINE.value, workdir / "baseline")
+  variants = dict(parse_variant(v) for v in _VARIANTS.value)
   try:
     for key in shapes:
       shape = SHAPES[key]
-      wanted = [e for e in _ENGINES.value if e in shape.engines] + list(sources)
+      wanted = [e for e in _ENGINES.value if e in shape.engines] + list(sources) + list(variants)
       engines, skipped = available(wanted)
       for line in skipped:
         print(line)
       shape_dir = workdir / key
       shape_dir.mkdir()
-      measured = run_shape(shape, engines, trials, threads, shape_dir, sources)
+      measured = run_shape(shape, engines, trials, threads, shape_dir, sources, variants)
       print_shape(shape, measured)
       record["shapes"][key] = {
         **measured,

@@ -12,6 +12,7 @@ float32, as the reference implementation does for the parts where precision matt
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,6 +26,9 @@ Array = jax.Array
 # decode loops, and the K-major layout is the one the attention contractions read without copies.
 Cache = list[dict[str, Array]]
 LayerWeights = list[dict[str, Array]]
+# x [..., K] @ w [K, N] -> [..., N]: the fused weights' products (`fuse_projections`); jnp.matmul,
+# or on CPU `lm.cpu_gemm.matmul` for a decode step's few rows (the sampler's choice).
+Matmul = Callable[[Array, Array], Array]
 
 _NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -156,11 +160,13 @@ class Qwen(nnx.Module):
     cache_index: Array | int = 0,
     remat: bool = False,
     layer_weights: LayerWeights | None = None,
+    matmul: Matmul = jnp.matmul,
   ) -> tuple[Array, Cache | None]:
     """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read.
 
     `layer_weights` (from `unstacked_layer_weights`) lets a decode loop split the stacked weights
-    once, outside the loop, instead of slicing every layer's weights at every step.
+    once, outside the loop, instead of slicing every layer's weights at every step; with fused
+    ones (`fuse_projections`), `matmul` computes their products (`decoder_layer`).
     """
     length = tokens.shape[1]
     if cache is None:
@@ -198,6 +204,7 @@ class Qwen(nnx.Module):
         cache_index,
         dtype=self.dtype,
         constrain=self._constrain,
+        matmul=matmul,
       )
     return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
 
@@ -426,6 +433,7 @@ def decoder_layer(
   kv: dict[str, Array] | None,
   cache_index: Array | int,
   dtype: Any,
+  matmul: Matmul = jnp.matmul,
 ) -> tuple[Array, dict[str, Array] | None]:
   """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis).
 
@@ -433,7 +441,8 @@ def decoder_layer(
   `cache_index` and attention reads the whole cache (`mask` [B, T, S]), except for a prefill
   (`cache_index` the static 0), which attends over its own keys only (`mask` [B, T, T]): the
   slots after them are still empty, and scores over them would be computed only to be masked.
-  Without `kv` attention is over x itself.
+  Without `kv` attention is over x itself. With fused weights (`fuse_projections`) every product
+  is `matmul` against a [K, N] matrix.
   """
   eps = config.rms_norm_eps
   cast = lambda name: w[name].astype(dtype)
@@ -441,7 +450,7 @@ def decoder_layer(
   if "qkv_dx" in w:  # fused weights (`fuse_projections`): one product instead of three
     b, t = h.shape[:2]
     n, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv = jnp.einsum("btd,dx->btx", h, w["qkv_dx"].astype(dtype))
+    qkv = matmul(h, w["qkv_dx"].astype(dtype))  # [B, T, (N + 2K)·H]
     q = qkv[..., : n * hd].reshape(b, t, n, hd)
     k = qkv[..., n * hd : (n + kv_heads) * hd].reshape(b, t, kv_heads, hd)
     v = qkv[..., (n + kv_heads) * hd :].reshape(b, t, kv_heads, hd)
@@ -465,22 +474,30 @@ def decoder_layer(
     if not _is_prefill(cache_index):
       k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
   attn = attend(q, k, v, mask, config.attention_block)  # [B, T, N, H]
-  x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
+  if "o_xd" in w:
+    x = x + matmul(attn.reshape(*attn.shape[:2], -1), w["o_xd"].astype(dtype))
+  else:
+    x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
   h = rms_norm(x, w["post_norm_d"], eps)
   if "gate_up_dx" in w:
-    gate, up = jnp.split(jnp.einsum("btd,dx->btx", h, w["gate_up_dx"].astype(dtype)), 2, axis=-1)
+    gate, up = jnp.split(matmul(h, w["gate_up_dx"].astype(dtype)), 2, axis=-1)  # [B, T, F] each
+    x = x + matmul(jax.nn.silu(gate) * up, w["down_fd"].astype(dtype))
   else:
     gate = project("btd,df->btf", h, w, "gate_df", dtype)
     up = project("btd,df->btf", h, w, "up_df", dtype)
-  x = x + project("btf,fd->btd", jax.nn.silu(gate) * up, w, "down_fd", dtype)
+    x = x + project("btf,fd->btd", jax.nn.silu(gate) * up, w, "down_fd", dtype)
   return x, kv
 
 
 _FUSED = {"qkv_dx": ("q_dnh", "k_dkh", "v_dkh"), "gate_up_dx": ("gate_df", "up_df")}
+# A fused layer's weights that `decoder_layer` multiplies by with `matmul`, each [K, N].
+FUSED_PRODUCTS = ("qkv_dx", "o_xd", "gate_up_dx", "down_fd")
 
 
 def fuse_projections(stacked: dict[str, Array]) -> LayerWeights:
-  """Per-layer weights with q/k/v as one [D, (N + 2K)·H] matrix and gate/up as one [D, 2F].
+  """Per-layer weights with q/k/v as one [D, (N + 2K)·H] matrix and gate/up as one [D, 2F], and
+  the output projection as one [N·H, D] matrix, so every product of a layer is `matmul` of a row
+  block and a [K, N] matrix (`decoder_layer`).
 
   For decoding on CPU, where a step's products have a few rows each and XLA:CPU spends as much on
   each product's launch and packing as on its arithmetic: one wide product does the work of three
@@ -493,6 +510,8 @@ def fuse_projections(stacked: dict[str, Array]) -> LayerWeights:
   fused = {k: v for k, v in stacked.items() if not any(k in parts for parts in _FUSED.values())}
   for name, parts in _FUSED.items():
     fused[name] = jnp.concatenate([stacked[p].reshape(*stacked[p].shape[:2], -1) for p in parts], axis=-1)
+  o = fused.pop("o_nhd")  # [L, N, H, D]
+  fused["o_xd"] = o.reshape(o.shape[0], -1, o.shape[-1])
   layers = next(iter(stacked.values())).shape[0]
   return [{name: w[i] for name, w in fused.items()} for i in range(layers)]
 
@@ -552,6 +571,7 @@ def cached_decoder_stack(
   *,
   dtype: Any,
   constrain=lambda x: x,
+  matmul: Matmul = jnp.matmul,
 ) -> tuple[Array, Cache]:
   """All layers with a KV cache, unrolled: each layer reads its own weight and cache buffers.
 
@@ -563,7 +583,7 @@ def cached_decoder_stack(
   mask = _attention_mask(keys, length, cache_index, config.attention_block)
   new_cache = []
   for w, kv in zip(layer_weights, cache, strict=True):
-    x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype)
+    x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype, matmul)
     x = constrain(x)
     new_cache.append(kv)
   return x, new_cache

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from lm import cpu_gemm
 from lm import model as model_lib
 from lm import sharding as sharding_lib
 from lm.model import Qwen, default_positions
@@ -85,6 +86,10 @@ class SamplerConfig:
       twice this decode in one phase: at 128 new tokens (shape (a) of
       `benchmarks/sampler_bench.py`) three phases measured 1.01 [0.91–1.18]× one and compiled
       1.6× longer; at 1024, 1.15 [0.97–1.59]×.
+    cpu_gemm_threads: on CPU (no mesh, no LoRA adapter, float32), the weights are packed for
+      `lm.cpu_gemm`'s kernel (where it is built: `cpu_gemm.available()`), which then computes
+      every product of the prefill and the decode steps with this many threads: -1 as many as
+      XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
   """
 
   min_prompt_bucket: int = 16
@@ -95,6 +100,13 @@ class SamplerConfig:
   cache_dtype: Any = None
   decode_phases: int = 3
   decode_phase_min_steps: int = 128
+  cpu_gemm_threads: int = -1
+
+  def __post_init__(self):
+    if self.cpu_gemm_threads < -1:
+      raise ValueError(
+        f"SamplerConfig.cpu_gemm_threads must be -1 (every core), 0 (off) or n > 0: {self.cpu_gemm_threads}"
+      )
 
 
 class Sampler:
@@ -130,8 +142,16 @@ class Sampler:
     # concatenates weights. Costs a copy of the layer weights; accelerators, sharded models and
     # LoRA adapters keep the stacked weights (split inside the program).
     self._layer_weights = None
+    self._gemm_threads = 0
     if jax.default_backend() == "cpu" and self.mesh is None and self.model.lora is None:
       self._layer_weights = _fuse(self.model.layers.weights())
+      # Then packed for `lm.cpu_gemm`'s kernel (float32, where it is built): replacing the fused
+      # copies and the [D, V] head, so the weights are held twice, as without it.
+      float32 = self.model.dtype == jnp.float32 and self._head_dv.dtype == jnp.float32
+      if self.config.cpu_gemm_threads != 0 and float32 and cpu_gemm.available():
+        self._layer_weights = _pack_layers(self._layer_weights)
+        self._head_dv = _pack(self._head_dv)
+        self._gemm_threads = self.config.cpu_gemm_threads
 
   def generate(
     self,
@@ -239,6 +259,7 @@ class Sampler:
       self.sharding,
       self.config.cache_dtype or self.model.dtype,
       _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
+      self._gemm_threads,
     )
     gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
@@ -276,6 +297,12 @@ class Sampler:
 
 _transpose = jax.jit(lambda w: w.T)
 _fuse = jax.jit(model_lib.fuse_projections)
+_pack = jax.jit(cpu_gemm.pack)
+_pack_layers = jax.jit(
+  lambda layers: [
+    {k: cpu_gemm.pack(v) if k in model_lib.FUSED_PRODUCTS else v for k, v in w.items()} for w in layers
+  ]
+)
 # XLA:CPU hands every dot to YNNPACK by default, which runs a decode step's skinny products
 # ([B, D] x [D, F], B a few rows) slowly: a profile of shape (a) of benchmarks/sampler_bench.py
 # shows 1.1 ms for each [8, 512] x [512, 1536] product, ~3 GB/s of weights. These options keep
@@ -350,7 +377,16 @@ def _grow_cache(cache, slots: int):
 
 
 @functools.lru_cache(maxsize=64)
-def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, phase_ends: tuple[int, ...]):
+def _generate_fn(
+  graphdef,
+  n: int,
+  steps: int,
+  mesh,
+  shard_config,
+  cache_dtype,
+  phase_ends: tuple[int, ...],
+  gemm_threads: int,
+):
   """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
   On CPU these are two executables, so that each gets its own XLA:CPU options: the prefill's
@@ -360,10 +396,13 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, 
   On CPU without a mesh the decode loop also runs in phases, ending after `phase_ends` steps,
   over growing caches (`_phase_ends`): XLA reads every slot of a cache buffer in a step's
   attention (a slice of a larger buffer costs a copy each step, more than it saves), so the buffer
-  itself is kept near the filled length and grown between phases.
+  itself is kept near the filled length and grown between phases. With `gemm_threads` other than 0 (CPU,
+  fused weights packed by `Sampler.refresh`) every product, the output head's included, runs
+  `lm.cpu_gemm`'s kernel with that many threads.
   """
   cpu = jax.default_backend() == "cpu"
   ends = phase_ends if cpu and mesh is None else (steps,)
+  matmul = functools.partial(cpu_gemm.matmul, threads=gemm_threads) if gemm_threads else jnp.matmul
 
   def weights_of(state, layer_weights):
     model = nnx.merge(graphdef, state)
@@ -371,8 +410,8 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, 
       layer_weights = model.unstacked_layer_weights()
     return model, layer_weights
 
-  def head(h, head_dv):
-    return jnp.einsum("bd,dv->bv", h, head_dv.astype(h.dtype), preferred_element_type=jnp.float32)
+  def head(h, head_dv):  # [B, D] -> float32 logits [B, V]
+    return matmul(h, head_dv.astype(h.dtype), preferred_element_type=jnp.float32)
 
   def key_mask_of(mask):  # [P, S]: the prompt's padding, then every generated slot
     return jnp.concatenate([mask, jnp.ones((mask.shape[0], steps), mask.dtype)], axis=1)
@@ -387,6 +426,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, 
       cache=model.init_cache(rows, prompt_len + ends[0], cache_dtype),
       cache_index=0,
       layer_weights=layer_weights,
+      matmul=matmul,
     )
     return cache, head(hidden[:, -1], head_dv)  # [P, V]: only the last prompt position needs logits
 
@@ -448,6 +488,7 @@ def _generate_fn(graphdef, n: int, steps: int, mesh, shard_config, cache_dtype, 
         cache=state.cache,
         cache_index=prompt_len + step,
         layer_weights=layer_weights,
+        matmul=matmul,
       )
       return _SamplingState(
         step=step + 1,

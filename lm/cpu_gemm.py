@@ -1,0 +1,185 @@
+"""A float32 matrix product for XLA:CPU against weights packed in column blocks (`lm/cpu_gemm.cc`,
+through `jax.ffi`): what the sampler's CPU programs multiply by.
+
+Why: a decode step reads every weight once for a few rows of activations, so its speed is the rate
+at which its products stream weights. XLA:CPU's dot reads a row-major [K, N] weight at 7-16 GB/s
+for 2..16 rows; the kernel reads a packed one (`pack`: blocks [ceil(N / 64), K, 64], each one
+contiguous stream) at the core's read bandwidth, on every core (docs in `lm/cpu_gemm.cc`). At
+prefill's hundreds of rows the same kernel is a blocked GEMM level with XLA's, so the sampler keeps
+one copy of its weights, packed, for both programs (`SamplerConfig.cpu_gemm_threads`).
+
+The library is compiled for the machine it runs on (`-march=native`) at install time
+(`scripts/setup_env.sh` runs `python -m lm.cpu_gemm`) into `~/.cache/lm/` (or `$LM_KERNEL_DIR`),
+under a name that hashes the source, the compiler command and the CPU's flags, so a changed
+source or another CPU never loads a stale build. Where it is not built (no compiler, another CPU),
+`available()` is False and the sampler keeps XLA's dot; a log line says how to build it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+Array = jax.Array
+
+_log = logging.getLogger(__name__)
+SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
+TARGET = "lm_cpu_gemm_packed_f32"
+BLOCK = 64  # columns per block of the packed layout (`lm/cpu_gemm.cc`: kBlock)
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
+
+
+def _cpu_flags() -> str:
+  """The CPU's feature flags (part of the build's name: `-march=native` code is for this CPU)."""
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("flags"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def _command(out: pathlib.Path, extra_flags: tuple[str, ...] = ()) -> list[str]:
+  cxx = os.environ.get("CXX", "g++")
+  return [cxx, *_FLAGS, *extra_flags, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(out)]
+
+
+def library_path(
+  directory: str | os.PathLike | None = None, extra_flags: tuple[str, ...] = ()
+) -> pathlib.Path:
+  """Where this source's build for this CPU lives (it may not exist yet)."""
+  directory = directory or os.environ.get("LM_KERNEL_DIR") or pathlib.Path.home() / ".cache" / "lm"
+  key = hashlib.sha256()
+  command = " ".join(_command(pathlib.Path("OUT"), extra_flags))
+  for part in (SOURCE.read_bytes(), command.encode(), _cpu_flags().encode()):
+    key.update(part)
+  return pathlib.Path(directory) / f"libcpu_gemm-{key.hexdigest()[:16]}.so"
+
+
+def build(directory: str | os.PathLike | None = None, extra_flags: tuple[str, ...] = ()) -> pathlib.Path:
+  """Compiles the library (if this build is not there yet) and returns its path.
+
+  `extra_flags` go after the defaults (a test builds the portable path with `-mno-avx512f`).
+  Raises RuntimeError with the compiler's command and output when it fails. The file appears
+  atomically, so concurrent builds never load a half-written library.
+  """
+  out = library_path(directory, extra_flags)
+  if out.exists():
+    return out
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_suffix(f".{os.getpid()}.tmp")
+  command = _command(tmp, extra_flags)
+  try:
+    done = subprocess.run(command, capture_output=True, text=True)
+  except OSError as e:  # no compiler at all
+    raise RuntimeError(f"building {SOURCE} failed ({' '.join(command)}): {e}") from e
+  if done.returncode != 0:
+    tmp.unlink(missing_ok=True)
+    raise RuntimeError(f"building {SOURCE} failed ({' '.join(command)}):\n{done.stderr[-4000:]}")
+  os.replace(tmp, out)
+  return out
+
+
+@functools.cache
+def available() -> bool:
+  """Whether the kernel is registered with XLA:CPU (loaded once per process)."""
+  if platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux":
+    return False  # built and tested on x86-64 Linux only
+  path = library_path()
+  if not path.exists():
+    _log.info("lm.cpu_gemm: %s is not built (python -m lm.cpu_gemm); decode uses XLA's dot", path)
+    return False
+  library = ctypes.cdll.LoadLibrary(str(path))
+  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.LmCpuGemmPackedF32), platform="cpu")
+  return True
+
+
+@struct.dataclass
+class PackedWeight:
+  """A [K, N] float32 weight stored as column blocks [ceil(N / 64), K, 64] (`pack`), columns past N
+  zero: each block is one contiguous stream, which the kernel reads at the core's full read
+  bandwidth (a row-major [K, N] is read as many strided streams instead). A pytree (`n` static),
+  so it passes through `jax.jit` like the array it replaces."""
+
+  blocks: Array  # [ceil(N / 64), K, 64]
+  n: int = struct.field(pytree_node=False)
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return (self.blocks.shape[1], self.n)
+
+  @property
+  def dtype(self):
+    return self.blocks.dtype
+
+  def astype(self, dtype) -> PackedWeight:
+    if dtype != self.blocks.dtype:
+      raise ValueError(f"a PackedWeight is float32 only; asked for {dtype}")
+    return self
+
+  def unpack(self) -> Array:
+    """The [K, N] matrix (a copy: what a platform without the kernel multiplies by)."""
+    k = self.blocks.shape[1]
+    return self.blocks.transpose(1, 0, 2).reshape(k, -1)[:, : self.n]
+
+
+def pack(w: Array) -> PackedWeight:
+  """[K, N] float32 -> `PackedWeight` (a copy; made once per parameter update, outside any step)."""
+  if w.ndim != 2 or w.dtype != jnp.float32:
+    raise ValueError(f"pack: expected a float32 [K, N] weight, got {w.dtype} {w.shape}")
+  k, n = w.shape
+  padded = jnp.pad(w, ((0, 0), (0, -n % BLOCK)))
+  return PackedWeight(blocks=padded.reshape(k, -1, BLOCK).transpose(1, 0, 2), n=n)
+
+
+def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_element_type: Any = None) -> Array:
+  """x [..., K] @ w [K, N] -> [..., N]: the kernel when w is a `PackedWeight`, else `jnp.matmul`.
+
+  A drop-in for `jnp.matmul` (`lm.model.decoder_layer`'s `matmul`). `threads`: 1 computes on the
+  calling thread only; n > 1 also runs column chunks on XLA's intra-op pool, up to n threads in
+  all; < 0 as many as that pool has (`lm/cpu_gemm.cc`). Under `jax.jit` for another platform, or
+  in a process without the library, a packed weight is unpacked and multiplied by XLA's dot.
+  """
+  if not isinstance(w, PackedWeight):
+    return jnp.matmul(x, w, preferred_element_type=preferred_element_type)
+  if x.dtype != jnp.float32:
+    raise ValueError(f"a PackedWeight multiplies float32 rows, got {x.dtype}")
+  lead, k = x.shape[:-1], x.shape[-1]
+  rows = x.reshape(-1, k)  # [M, K]
+  dot = lambda rows, blocks: jnp.matmul(rows, dataclasses.replace(w, blocks=blocks).unpack())
+  if not available():
+    return dot(rows, w.blocks).reshape(*lead, w.n)
+  kernel = lambda rows, blocks: call(TARGET, rows, blocks, threads, w.n)
+  out = jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=dot)  # [M, N]
+  return out.reshape(*lead, w.n)
+
+
+def call(target: str, rows: Array, blocks: Array, threads: int, n: int) -> Array:
+  """The FFI call itself: rows [M, K] @ packed blocks [ceil(n / 64), K, 64] -> [M, n] float32, by
+  the handler registered as `target`."""
+  out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
+  return jax.ffi.ffi_call(target, out)(rows, blocks, threads=np.int64(threads))
+
+
+def main() -> None:
+  """`python -m lm.cpu_gemm [DIR]`: builds the library (scripts/setup_env.sh runs this)."""
+  print(build(sys.argv[1] if len(sys.argv) > 1 else None))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,124 @@
+"""The CPU kernel (`lm.cpu_gemm`): built at install time, exact to float32 round-off against a
+float64 product on every row count (decode's few, prefill's hundreds) and ragged shape, XLA's dot
+wherever it does not apply, and the sampler's tokens and log-probs unchanged by it."""
+
+import ctypes
+import platform
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lm import cpu_gemm
+from lm import sampler as sampler_lib
+from lm.config import ModelConfig
+from lm.model import Qwen
+
+x86_linux = platform.machine() == "x86_64" and sys.platform == "linux"
+pytestmark = pytest.mark.skipif(not x86_linux, reason="the kernel is built and tested on x86-64 Linux")
+
+# (K, N): decode-like shapes, N below / not a multiple of a block (64 columns), N above one work
+# chunk (4096 columns), K above and not a multiple of a k-chunk (128 rows), K = 1.
+SHAPES = [(64, 1024), (100, 7), (1000, 4149), (3, 130), (1, 33), (300, 9000), (37, 64)]
+ROWS = [*range(1, 17), 64, 129]  # a decode step's rows, and a prefill's (several tiles, a ragged one)
+
+
+def _relative_error(rows: int, k: int, n: int, product, seed: int = 0) -> float:
+  """max |product(x, pack(w)) - x @ w (float64)| / max |x @ w|."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((rows, k), np.float32)
+  w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+  want = x.astype(np.float64) @ w.astype(np.float64)
+  got = np.asarray(jax.jit(product)(x, cpu_gemm.pack(jnp.asarray(w))))
+  assert got.shape == want.shape and got.dtype == np.float32
+  return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def test_the_kernel_is_built_at_install_time():
+  # scripts/setup_env.sh runs `python -m lm.cpu_gemm`; without it the sampler silently keeps XLA's dot.
+  assert cpu_gemm.library_path().exists() and cpu_gemm.available()
+
+
+def test_packing_round_trips():
+  w = jax.random.normal(jax.random.key(0), (37, 130))
+  packed = cpu_gemm.pack(w)
+  assert packed.blocks.shape == (3, 37, 64) and packed.shape == (37, 130)
+  assert np.array_equal(packed.unpack(), w) and not np.any(packed.blocks[2, :, 2:])
+  with pytest.raises(ValueError, match="float32"):
+    cpu_gemm.pack(w.astype(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, -1])
+def test_every_row_count_and_ragged_shape_matches_float64(threads):
+  worst = 0.0
+  for rows in ROWS:
+    for k, n in SHAPES:
+      product = lambda x, w: cpu_gemm.matmul(x, w, threads=threads)
+      worst = max(worst, _relative_error(rows, k, n, product, seed=rows))
+  # float32 round-off over K <= 1000 terms (XLA's own dot is ~1e-6 on these; a wrong column,
+  # row or k-chunk would be O(1)).
+  assert worst < 1e-5, worst
+
+
+def test_the_portable_path_without_avx512_matches_float64(tmp_path):
+  """The plain C++ micro-kernel (a machine without AVX-512), built and registered on its own."""
+  path = cpu_gemm.build(tmp_path, extra_flags=("-mno-avx512f",))
+  library = ctypes.cdll.LoadLibrary(str(path))
+  target = "lm_cpu_gemm_packed_f32_portable"
+  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.LmCpuGemmPackedF32), platform="cpu")
+  for rows in (1, 4, 5, 8, 13, 16, 129):
+    for k, n in SHAPES:
+      for threads in (1, 2):
+        product = lambda x, w, t=threads: cpu_gemm.call(target, x, w.blocks, t, w.n)
+        assert _relative_error(rows, k, n, product, seed=rows) < 1e-5
+
+
+def test_batched_rows_keep_their_shape_and_plain_weights_use_xla():
+  x = jax.random.normal(jax.random.key(0), (2, 3, 40))  # [B, T, K]: 6 rows
+  w = jax.random.normal(jax.random.key(1), (40, 70))
+  want = jnp.einsum("btk,kn->btn", x, w)
+  np.testing.assert_allclose(jax.jit(cpu_gemm.matmul)(x, cpu_gemm.pack(w)), want, rtol=1e-5, atol=1e-5)
+  assert cpu_gemm.TARGET in jax.jit(cpu_gemm.matmul).lower(x, cpu_gemm.pack(w)).as_text()
+  # a plain [K, N] weight is jnp.matmul, dtype rules included
+  assert cpu_gemm.TARGET not in jax.jit(cpu_gemm.matmul).lower(x, w).as_text()
+  bf16 = x.astype(jnp.bfloat16)
+  assert cpu_gemm.matmul(bf16, w.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+  as_f32 = cpu_gemm.matmul(bf16, w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+  assert as_f32.dtype == jnp.float32
+  with pytest.raises(ValueError, match="float32 rows"):
+    cpu_gemm.matmul(bf16, cpu_gemm.pack(w))
+
+
+def test_a_failed_build_names_the_source_and_the_compiler_output(tmp_path, monkeypatch):
+  monkeypatch.setenv("CXX", "g++")
+  path = cpu_gemm.build(tmp_path)
+  assert path.parent == tmp_path and path.name.startswith("libcpu_gemm-")
+  assert cpu_gemm.build(tmp_path) == path  # built once: the same name, nothing recompiled
+  with pytest.raises(RuntimeError, match="cpu_gemm.cc failed"):
+    cpu_gemm.build(tmp_path, extra_flags=("-DLM_NOT_A_FLAG", "-fno-such-option"))
+  monkeypatch.setenv("CXX", str(tmp_path / "no-compiler-here"))
+  with pytest.raises(RuntimeError, match="no-compiler-here"):
+    cpu_gemm.build(tmp_path / "other")
+  assert not list((tmp_path / "other").glob("*")), "a failed build leaves nothing behind"
+
+
+def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel():
+  model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0))
+  prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [3]]
+  outputs = {}
+  for threads in (0, 1, 2):
+    sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cpu_gemm_threads=threads))
+    assert isinstance(sampler._head_dv, cpu_gemm.PackedWeight) == (threads != 0)
+    outputs[threads] = sampler.generate(prompts, max_new_tokens=12, n=2, temperature=0.0)
+  for threads in (1, 2):
+    assert outputs[threads].tokens == outputs[0].tokens
+    np.testing.assert_allclose(
+      np.concatenate([np.ravel(lp) for p in outputs[threads].logprobs for lp in p]),
+      np.concatenate([np.ravel(lp) for p in outputs[0].logprobs for lp in p]),
+      atol=1e-4,
+    )
+  with pytest.raises(ValueError, match="cpu_gemm_threads"):
+    sampler_lib.SamplerConfig(cpu_gemm_threads=-2)
