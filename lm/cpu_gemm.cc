@@ -2,16 +2,18 @@
 // XLA through its typed FFI (`lm/cpu_gemm.py` packs weights, builds, loads and calls it; the
 // prototype and the measurements behind these choices are in experiments/ffi_gemv/).
 //
-//   y[M, N] = x[M, K] @ W[K, N], W stored as blocks [ceil(N / 64), K, 64] (columns past N zero).
+//   y[M, N] = x[M, K] @ W[K, N], W stored as blocks [ceil(N / B), K, B] (columns past N zero),
+//   B = kBlock, the build's block width (64 with AVX-512, 16 with AVX2).
 //
 // Why: a decode step reads every weight once for a few rows of activations, so its speed is the
 // rate at which its products stream weights. XLA:CPU's dot reads a row-major [K, N] at 7-16 GB/s
 // for 2..16 rows; a packed block is one contiguous stream, which the hardware prefetcher follows at
 // the core's full read bandwidth (~25 GB/s a core on the development machine).
-// How: up to 6 rows x 64 columns of y (24 zmm accumulators) stay in registers while the k loop
-// streams a block; with more rows than one tile (a prefill), K is cut into chunks of 128 rows
-// (32 KiB of W) that stay in L1 while every row group reads them, so the same code is a blocked
-// GEMM there, level with XLA's at prefill's hundreds of rows.
+// How: up to 6 rows x one block of y stay in registers while the k loop streams the block (AVX-512:
+// 64 columns, 24 zmm accumulators; AVX2: 16 columns, 12 ymm accumulators, as its 16 registers
+// cannot hold a 64-column tile). With more rows than one tile (a prefill), K is cut into chunks
+// that stay in L1 while every row group reads them, so the same code is a blocked GEMM there. The
+// block width is the library's (`LmCpuGemmBlock`), and `lm/cpu_gemm.py` packs to it.
 // Threads: `threads` other than 1 (< 0: as many as XLA's intra-op pool has) splits the blocks into
 // chunks claimed dynamically by the caller and by tasks on XLA's intra-op pool; a task that starts
 // late finds no chunk left, so the caller never waits for a thread that has not started (only for
@@ -24,6 +26,10 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#define LM_GEMM_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LM_GEMM_AVX2 1
 #endif
 
 #include "xla/ffi/api/ffi.h"
@@ -32,47 +38,97 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+#if defined(LM_GEMM_AVX2)
+// 16 columns (2 vectors of 8 floats): a 6-row tile is 12 of the 16 ymm registers. A block is one
+// contiguous stream ([K, 16]); 4 blocks read side by side (a 64-column tile in 4 passes over
+// strided lines) streamed at 9.6 GB/s where one 16-column block streams at 16.1 (decode, M = 4, 2
+// threads, the development machine's 2-core AMD EPYC without AVX-512, 2026-12-01).
+constexpr int64_t kBlock = 16;
+// Prefill order: each k-chunk of x (every row, 256 columns: 256 KiB at 256 rows, L2) is read by
+// every block of a work chunk before the next k-chunk, so x streams from L2 rather than from L3
+// once per 16 columns; each block's [256, 16] chunk (16 KiB) stays in L1 over the row groups.
+constexpr int64_t kChunkRows = 256;
+constexpr bool kChunkOuter = true;
+#else
 constexpr int64_t kBlock = 64;             // columns per block: 4 vectors of 16 floats
-constexpr int kMaxTileRows = 6;            // rows per register tile (6 x 4 = 24 accumulators)
 constexpr int64_t kChunkRows = 128;        // k-chunk when the rows need more than one tile
+constexpr bool kChunkOuter = false;        // per block, every row group over every k-chunk
+#endif
+constexpr int kMaxTileRows = 6;            // rows per register tile (6 x 4 zmm / 6 x 2 ymm)
 constexpr int64_t kMaxChunkCols = 4096;    // most columns in one claimed work chunk
 
-// y[0:MT, 0:64] (+)= x[0:MT, 0:kn] @ w[0:kn, 0:64]; x row stride ldx, w contiguous (row stride
-// 64), y row stride ldy; `accum`: add to y's values (a later k-chunk).
-using MicroFn = void (*)(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy,
-                         int64_t kn, bool accum);
+// y[0:MT, 0:B] (+)= x[0:MT, 0:kn] @ w[0:kn, 0:B] (B = kBlock); x[m, k] at x[m * ldx + k * ldk]
+// (row-major x, or a packed k-major panel), w contiguous (row stride B), y row stride ldy;
+// `accum`: add to y's values (a later k-chunk).
+using MicroFn = void (*)(const float* x, int64_t ldx, int64_t ldk, const float* w, float* y,
+                         int64_t ldy, int64_t kn, bool accum);
 
-#if defined(__AVX512F__)
+#if defined(LM_GEMM_AVX512)
 template <int MT>
-void micro(const float* __restrict x, int64_t ldx, const float* __restrict w, float* __restrict y,
-           int64_t ldy, int64_t kn, bool accum) {
+void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __restrict w,
+           float* __restrict y, int64_t ldy, int64_t kn, bool accum) {
+  // Fully unrolled loops over the tile and y added after the k loop (as in the AVX2 path below).
   constexpr int NV = kBlock / 16;
   __m512 acc[MT][NV];
-  for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < NV; ++v)
-      acc[m][v] = accum ? _mm512_loadu_ps(y + m * ldy + v * 16) : _mm512_setzero_ps();
+#pragma GCC unroll 24
+  for (int i = 0; i < MT * NV; ++i) acc[i / NV][i % NV] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kn; ++k, w += kBlock) {
     __m512 wv[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + v * 16);
+#pragma GCC unroll 6
     for (int m = 0; m < MT; ++m) {
-      const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
+      const __m512 b = _mm512_set1_ps(x[m * ldx + k * ldk]);
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_fmadd_ps(b, wv[v], acc[m][v]);
     }
   }
-  for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * 16, acc[m][v]);
+#pragma GCC unroll 24
+  for (int i = 0; i < MT * NV; ++i) {
+    float* out = y + (i / NV) * ldy + (i % NV) * 16;
+    _mm512_storeu_ps(out, accum ? _mm512_add_ps(acc[i / NV][i % NV], _mm512_loadu_ps(out)) : acc[i / NV][i % NV]);
+  }
+}
+#elif defined(LM_GEMM_AVX2)
+template <int MT>
+void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __restrict w,
+           float* __restrict y, int64_t ldy, int64_t kn, bool accum) {
+  // Fully unrolled loops over the tile and y added after the k loop: otherwise GCC keeps the
+  // accumulators on the stack too, a store per FMA (a third of the rate, measured).
+  __m256 acc[MT][2];
+#pragma GCC unroll 6
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kn; ++k, w += kBlock) {
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+#pragma GCC unroll 6
+    for (int m = 0; m < MT; ++m) {
+      const __m256 b = _mm256_broadcast_ss(x + m * ldx + k * ldk);
+      acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int m = 0; m < MT; ++m) {
+    float* out = y + m * ldy;
+    if (accum) {
+      acc[m][0] = _mm256_add_ps(acc[m][0], _mm256_loadu_ps(out));
+      acc[m][1] = _mm256_add_ps(acc[m][1], _mm256_loadu_ps(out + 8));
+    }
+    _mm256_storeu_ps(out, acc[m][0]);
+    _mm256_storeu_ps(out + 8, acc[m][1]);
+  }
 }
 #else
-// Without AVX-512: the same loop nest in plain C++, vectorised by the compiler for the machine.
+// Without AVX-512 or AVX2: the same loop nest in plain C++, vectorised by the compiler.
 template <int MT>
-void micro(const float* __restrict x, int64_t ldx, const float* __restrict w, float* __restrict y,
-           int64_t ldy, int64_t kn, bool accum) {
+void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __restrict w,
+           float* __restrict y, int64_t ldy, int64_t kn, bool accum) {
   float acc[MT][kBlock];
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < kBlock; ++j) acc[m][j] = accum ? y[m * ldy + j] : 0.f;
   for (int64_t k = 0; k < kn; ++k, w += kBlock)
     for (int m = 0; m < MT; ++m) {
-      const float b = x[m * ldx + k];
+      const float b = x[m * ldx + k * ldk];
 #pragma omp simd
       for (int j = 0; j < kBlock; ++j) acc[m][j] += b * w[j];
     }
@@ -89,27 +145,63 @@ struct Problem {
   const float* w;  // packed: [ceil(N / kBlock), K, kBlock], columns past N zero
   float* y;        // [M, N]
   int64_t m, k, n;
-  int64_t tile_rows;  // rows per register tile (<= 6: 24 accumulators of 4 zmm a row)
+  int64_t tile_rows;  // rows per register tile (<= kMaxTileRows)
 };
 
-// y[:, c0:c1] (c0 a multiple of kBlock), block by block.
-void columns(const Problem& p, int64_t c0, int64_t c1) {
-  float partial[kMaxTileRows * kBlock];  // the last block's tile when it is narrower than kBlock
-  const int64_t kc = p.m <= p.tile_rows ? p.k : kChunkRows;
-  for (int64_t c = c0; c < c1; c += kBlock) {
-    const int64_t nc = std::min(kBlock, p.n - c);
-    const float* block = p.w + (c / kBlock) * p.k * kBlock;  // [K, kBlock]
-    for (int64_t m0 = 0; m0 < p.m; m0 += p.tile_rows) {
-      const int64_t mt = std::min(p.tile_rows, p.m - m0);
-      float* out = nc == kBlock ? p.y + m0 * p.n + c : partial;
-      const int64_t ldy = nc == kBlock ? p.n : kBlock;
-      for (int64_t k0 = 0; k0 < p.k; k0 += kc)
-        kMicro[mt](p.x + m0 * p.k + k0, p.k, block + k0 * kBlock, out, ldy, std::min(kc, p.k - k0), k0 > 0);
-      if (nc < kBlock)
-        for (int64_t m = 0; m < mt; ++m)
-          std::copy(partial + m * kBlock, partial + m * kBlock + nc, p.y + (m0 + m) * p.n + c);
+// y[:, c] (+)= x[:, k0:k1] @ w[k0:k1, c:c + kBlock] for the block at column c, every row group;
+// `accum`: add to y (not the first k-chunk). A block narrower than kBlock (the last, columns past
+// N zero) computes into `partial` ([M, kBlock], the caller's), copied into y after its last chunk.
+// `panel`: x[:, k0:k1] packed by `pack_panel`, or null to read x itself.
+void block_rows(const Problem& p, int64_t c, int64_t k0, int64_t k1, bool accum, float* partial,
+                const float* panel) {
+  const int64_t nc = std::min(kBlock, p.n - c);
+  const float* block = p.w + (c / kBlock) * p.k * kBlock + k0 * kBlock;  // [K, kBlock] from row k0
+  float* out = nc == kBlock ? p.y + c : partial;
+  const int64_t ldy = nc == kBlock ? p.n : kBlock;
+  for (int64_t m0 = 0; m0 < p.m; m0 += p.tile_rows) {
+    const int64_t mt = std::min(p.tile_rows, p.m - m0);
+    if (panel)
+      kMicro[mt](panel + m0 * (k1 - k0), 1, mt, block, out + m0 * ldy, ldy, k1 - k0, accum);
+    else
+      kMicro[mt](p.x + m0 * p.k + k0, p.k, 1, block, out + m0 * ldy, ldy, k1 - k0, accum);
+  }
+  if (nc < kBlock && k1 == p.k)
+    for (int64_t m = 0; m < p.m; ++m) std::copy(partial + m * kBlock, partial + m * kBlock + nc, p.y + m * p.n + c);
+}
+
+// x[:, k0:k1] as consecutive row groups, each [k1 - k0, rows of the group] (k-major), so a tile's
+// broadcasts read one contiguous stream instead of one per row (rows K floats apart).
+void pack_panel(const Problem& p, int64_t k0, int64_t k1, float* panel) {
+  const int64_t kn = k1 - k0;
+  for (int64_t m0 = 0; m0 < p.m; m0 += p.tile_rows) {
+    const int64_t mt = std::min(p.tile_rows, p.m - m0);
+    float* group = panel + m0 * kn;
+    for (int64_t m = 0; m < mt; ++m) {
+      const float* row = p.x + (m0 + m) * p.k + k0;
+      for (int64_t k = 0; k < kn; ++k) group[k * mt + m] = row[k];
     }
   }
+}
+
+// y[:, c0:c1] (c0 a multiple of kBlock). Rows within one tile (decode): each block over all of K
+// at once. More rows (prefill): K in chunks, per block (kChunkOuter false) or, with x's chunk
+// packed once for every block of the work chunk, per work chunk (kChunkOuter true).
+void columns(const Problem& p, int64_t c0, int64_t c1) {
+  const int64_t kc = p.m <= p.tile_rows ? p.k : kChunkRows;
+  const bool ragged = c1 == p.n && p.n % kBlock != 0;  // this chunk holds the last, narrower block
+  std::unique_ptr<float[]> partial(ragged ? new float[p.m * kBlock] : nullptr);
+  if (kChunkOuter && kc < p.k) {
+    std::unique_ptr<float[]> panel(new float[p.m * kc]);
+    for (int64_t k0 = 0; k0 < p.k; k0 += kc) {
+      const int64_t k1 = std::min(p.k, k0 + kc);
+      pack_panel(p, k0, k1, panel.get());
+      for (int64_t c = c0; c < c1; c += kBlock) block_rows(p, c, k0, k1, k0 > 0, partial.get(), panel.get());
+    }
+    return;
+  }
+  for (int64_t c = c0; c < c1; c += kBlock)
+    for (int64_t k0 = 0; k0 < p.k; k0 += kc)
+      block_rows(p, c, k0, std::min(p.k, k0 + kc), k0 > 0, partial.get(), nullptr);
 }
 
 // Work shared by the caller and the pool's tasks; owned jointly so a late task finds it alive.
@@ -162,13 +254,15 @@ ffi::Error Run(Problem p, ffi::ThreadPool& pool, int64_t threads) {
   return ffi::Error::Success();
 }
 
-// x [M, K] @ packed w [ceil(N / 64), K, 64] (columns past N zero) -> y [M, N].
+// x [M, K] @ packed w [ceil(N / B), K, B] (columns past N zero) -> y [M, N].
 ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                           ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
   const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2 || xd[1] != wd[1] || wd[2] != kBlock ||
       yd[0] != xd[0] || (yd[1] + kBlock - 1) / kBlock != wd[0])
-    return ffi::Error::InvalidArgument("lm_cpu_gemm_packed: x must be [M, K], w [ceil(N / 64), K, 64], y [M, N]");
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_gemm_packed: x must be [M, K], w [ceil(N / B), K, B] with B this build's block width "
+        "(LmCpuGemmBlock), y [M, N]");
   Problem p{};
   p.x = x.typed_data();
   p.w = w.typed_data();
@@ -180,6 +274,9 @@ ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 }
 
 }  // namespace
+
+// The packed layout's block width this build multiplies by (`lm/cpu_gemm.py` packs to it).
+extern "C" int64_t LmCpuGemmBlock() { return kBlock; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedF32, PackedGemmImpl,
                               ffi::Ffi::Bind()

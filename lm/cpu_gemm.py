@@ -3,8 +3,9 @@ through `jax.ffi`): what the sampler's CPU programs multiply by.
 
 Why: a decode step reads every weight once for a few rows of activations, so its speed is the rate
 at which its products stream weights. XLA:CPU's dot reads a row-major [K, N] weight at 7-16 GB/s
-for 2..16 rows; the kernel reads a packed one (`pack`: blocks [ceil(N / 64), K, 64], each one
-contiguous stream) at the core's read bandwidth, on every core (docs in `lm/cpu_gemm.cc`). At
+for 2..16 rows; the kernel reads a packed one (`pack`: blocks [ceil(N / B), K, B], each one
+contiguous stream, B = 64 columns with AVX-512 and 16 with AVX2, `block()`) at the core's read
+bandwidth, on every core (docs in `lm/cpu_gemm.cc`). At
 prefill's hundreds of rows the same kernel is a blocked GEMM level with XLA's, so the sampler keeps
 one copy of its weights, packed, for both programs (`SamplerConfig.cpu_gemm_threads`).
 
@@ -39,7 +40,7 @@ Array = jax.Array
 _log = logging.getLogger(__name__)
 SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 TARGET = "lm_cpu_gemm_packed_f32"
-BLOCK = 64  # columns per block of the packed layout (`lm/cpu_gemm.cc`: kBlock)
+DEFAULT_BLOCK = 64  # columns per block where no library is loaded (a packed weight is then unpacked)
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
 
 
@@ -95,28 +96,46 @@ def build(directory: str | os.PathLike | None = None, extra_flags: tuple[str, ..
   return out
 
 
-@functools.cache
 def available() -> bool:
   """Whether the kernel is registered with XLA:CPU (loaded once per process)."""
+  return _loaded_block() is not None
+
+
+def block() -> int:
+  """Columns per block of this process's packed layout: the loaded library's, else DEFAULT_BLOCK."""
+  return _loaded_block() or DEFAULT_BLOCK
+
+
+@functools.cache
+def _loaded_block() -> int | None:
+  """Registers this CPU's build as TARGET (once per process) and returns its block width; None
+  where there is none."""
   if platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux":
-    return False  # built and tested on x86-64 Linux only
+    return None  # built and tested on x86-64 Linux only
   path = library_path()
   if not path.exists():
     _log.info("lm.cpu_gemm: %s is not built (python -m lm.cpu_gemm); decode uses XLA's dot", path)
-    return False
+    return None
+  return register(TARGET, path)
+
+
+def register(target: str, path: str | os.PathLike) -> int:
+  """Loads the library at `path`, registers its handler with XLA:CPU as `target`, and returns the
+  block width its packed weights must have (`LmCpuGemmBlock`: 64 with AVX-512, 16 with AVX2)."""
   library = ctypes.cdll.LoadLibrary(str(path))
-  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.LmCpuGemmPackedF32), platform="cpu")
-  return True
+  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.LmCpuGemmPackedF32), platform="cpu")
+  library.LmCpuGemmBlock.restype = ctypes.c_int64
+  return int(library.LmCpuGemmBlock())
 
 
 @struct.dataclass
 class PackedWeight:
-  """A [K, N] float32 weight stored as column blocks [ceil(N / 64), K, 64] (`pack`), columns past N
+  """A [K, N] float32 weight stored as column blocks [ceil(N / B), K, B] (`pack`), columns past N
   zero: each block is one contiguous stream, which the kernel reads at the core's full read
   bandwidth (a row-major [K, N] is read as many strided streams instead). A pytree (`n` static),
   so it passes through `jax.jit` like the array it replaces."""
 
-  blocks: Array  # [ceil(N / 64), K, 64]
+  blocks: Array  # [ceil(N / B), K, B], B = `block()` when packed
   n: int = struct.field(pytree_node=False)
 
   @property
@@ -138,13 +157,15 @@ class PackedWeight:
     return self.blocks.transpose(1, 0, 2).reshape(k, -1)[:, : self.n]
 
 
-def pack(w: Array) -> PackedWeight:
-  """[K, N] float32 -> `PackedWeight` (a copy; made once per parameter update, outside any step)."""
+def pack(w: Array, block_width: int | None = None) -> PackedWeight:
+  """[K, N] float32 -> `PackedWeight` in blocks of `block_width` columns (default `block()`, what
+  this process's kernel reads); a copy, made once per parameter update, outside any step."""
   if w.ndim != 2 or w.dtype != jnp.float32:
     raise ValueError(f"pack: expected a float32 [K, N] weight, got {w.dtype} {w.shape}")
+  width = block_width or block()
   k, n = w.shape
-  padded = jnp.pad(w, ((0, 0), (0, -n % BLOCK)))
-  return PackedWeight(blocks=padded.reshape(k, -1, BLOCK).transpose(1, 0, 2), n=n)
+  padded = jnp.pad(w, ((0, 0), (0, -n % width)))
+  return PackedWeight(blocks=padded.reshape(k, -1, width).transpose(1, 0, 2), n=n)
 
 
 def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_element_type: Any = None) -> Array:
@@ -170,8 +191,8 @@ def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_eleme
 
 
 def call(target: str, rows: Array, blocks: Array, threads: int, n: int) -> Array:
-  """The FFI call itself: rows [M, K] @ packed blocks [ceil(n / 64), K, 64] -> [M, n] float32, by
-  the handler registered as `target`."""
+  """The FFI call itself: rows [M, K] @ packed blocks [ceil(n / B), K, B] -> [M, n] float32, by
+  the handler registered as `target` (B its library's block width)."""
   out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
   return jax.ffi.ffi_call(target, out)(rows, blocks, threads=np.int64(threads))
 

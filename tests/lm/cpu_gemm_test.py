@@ -2,7 +2,6 @@
 float64 product on every row count (decode's few, prefill's hundreds) and ragged shape, XLA's dot
 wherever it does not apply, and the sampler's tokens and log-probs unchanged by it."""
 
-import ctypes
 import platform
 import sys
 
@@ -20,19 +19,19 @@ from lm.model import Qwen
 x86_linux = platform.machine() == "x86_64" and sys.platform == "linux"
 pytestmark = pytest.mark.skipif(not x86_linux, reason="the kernel is built and tested on x86-64 Linux")
 
-# (K, N): decode-like shapes, N below / not a multiple of a block (64 columns), N above one work
-# chunk (4096 columns), K above and not a multiple of a k-chunk (128 rows), K = 1.
-SHAPES = [(64, 1024), (100, 7), (1000, 4149), (3, 130), (1, 33), (300, 9000), (37, 64)]
+# (K, N): decode-like shapes, N below / not a multiple of a block (64 or 16 columns), N above one
+# work chunk (4096 columns), K above and not a multiple of a k-chunk (128 or 256 rows), K = 1.
+SHAPES = [(64, 1024), (100, 7), (1000, 4149), (3, 130), (1, 33), (300, 9000), (37, 64), (600, 40)]
 ROWS = [*range(1, 17), 64, 129]  # a decode step's rows, and a prefill's (several tiles, a ragged one)
 
 
-def _relative_error(rows: int, k: int, n: int, product, seed: int = 0) -> float:
-  """max |product(x, pack(w)) - x @ w (float64)| / max |x @ w|."""
+def _relative_error(rows: int, k: int, n: int, product, seed: int = 0, block_width=None) -> float:
+  """max |product(x, pack(w, block_width)) - x @ w (float64)| / max |x @ w|."""
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((rows, k), np.float32)
   w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
   want = x.astype(np.float64) @ w.astype(np.float64)
-  got = np.asarray(jax.jit(product)(x, cpu_gemm.pack(jnp.asarray(w))))
+  got = np.asarray(jax.jit(product)(x, cpu_gemm.pack(jnp.asarray(w), block_width)))
   assert got.shape == want.shape and got.dtype == np.float32
   return float(np.abs(got - want).max() / np.abs(want).max())
 
@@ -44,9 +43,12 @@ def test_the_kernel_is_built_at_install_time():
 
 def test_packing_round_trips():
   w = jax.random.normal(jax.random.key(0), (37, 130))
-  packed = cpu_gemm.pack(w)
+  packed = cpu_gemm.pack(w, 64)
   assert packed.blocks.shape == (3, 37, 64) and packed.shape == (37, 130)
   assert np.array_equal(packed.unpack(), w) and not np.any(packed.blocks[2, :, 2:])
+  packed = cpu_gemm.pack(w, 16)
+  assert packed.blocks.shape == (9, 37, 16) and np.array_equal(packed.unpack(), w)
+  assert cpu_gemm.pack(w).blocks.shape[2] == cpu_gemm.block() in (16, 64)  # what the kernel reads
   with pytest.raises(ValueError, match="float32"):
     cpu_gemm.pack(w.astype(jnp.bfloat16))
 
@@ -63,17 +65,29 @@ def test_every_row_count_and_ragged_shape_matches_float64(threads):
   assert worst < 1e-5, worst
 
 
-def test_the_portable_path_without_avx512_matches_float64(tmp_path):
-  """The plain C++ micro-kernel (a machine without AVX-512), built and registered on its own."""
-  path = cpu_gemm.build(tmp_path, extra_flags=("-mno-avx512f",))
-  library = ctypes.cdll.LoadLibrary(str(path))
-  target = "lm_cpu_gemm_packed_f32_portable"
-  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.LmCpuGemmPackedF32), platform="cpu")
+def _has_avx2() -> bool:
+  return {"avx2", "fma"} <= set(cpu_gemm._cpu_flags().split())
+
+
+@pytest.mark.parametrize(
+  "name, flags, width",
+  [
+    pytest.param(
+      "avx2", ("-mno-avx512f",), 16, marks=pytest.mark.skipif(not _has_avx2(), reason="this CPU has no AVX2")
+    ),
+    ("portable", ("-mno-avx512f", "-mno-avx2", "-mno-fma"), 64),
+  ],
+)
+def test_the_paths_without_avx512_match_float64(tmp_path, name, flags, width):
+  """The AVX2 micro-kernel and the plain C++ one (machines without AVX-512), each built and
+  registered on its own, with its own block width."""
+  target = f"lm_cpu_gemm_packed_f32_{name}"
+  assert cpu_gemm.register(target, cpu_gemm.build(tmp_path, extra_flags=flags)) == width
   for rows in (1, 4, 5, 8, 13, 16, 129):
     for k, n in SHAPES:
       for threads in (1, 2):
         product = lambda x, w, t=threads: cpu_gemm.call(target, x, w.blocks, t, w.n)
-        assert _relative_error(rows, k, n, product, seed=rows) < 1e-5
+        assert _relative_error(rows, k, n, product, seed=rows, block_width=width) < 1e-5
 
 
 def test_batched_rows_keep_their_shape_and_plain_weights_use_xla():
