@@ -52,6 +52,12 @@ class Ours:
 
     self.version = f"jax {jax.__version__}"
     print(f"lm from {os.path.dirname(lm.__file__)}", file=sys.stderr)
+    try:  # this tree's CPU kernel, built as setup_env.sh builds it (`ours@REF`: REF's source)
+      from lm import cpu_gemm
+
+      print(f"lm.cpu_gemm: {cpu_gemm.build()}", file=sys.stderr)
+    except (ImportError, RuntimeError) as e:  # a tree before the kernel, or no compiler
+      print(f"lm.cpu_gemm not built: {e}", file=sys.stderr)
     # `sampler_bench --variant`: SamplerConfig fields of this engine (none: the defaults)
     overrides = json.loads(os.environ.get("BENCH_SAMPLER_CONFIG") or "{}")
     config = SamplerConfig(**overrides)

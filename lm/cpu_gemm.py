@@ -66,7 +66,9 @@ def library_path(
   """Where this source's build for this CPU lives (it may not exist yet)."""
   directory = directory or os.environ.get("LM_KERNEL_DIR") or pathlib.Path.home() / ".cache" / "lm"
   key = hashlib.sha256()
-  command = " ".join(_command(pathlib.Path("OUT"), extra_flags))
+  # The command without the source's path: a copy of this source elsewhere (a benchmark's
+  # `ours@REF`) shares the build.
+  command = " ".join(part for part in _command(pathlib.Path("OUT"), extra_flags) if part != str(SOURCE))
   for part in (SOURCE.read_bytes(), command.encode(), _cpu_flags().encode()):
     key.update(part)
   return pathlib.Path(directory) / f"libcpu_gemm-{key.hexdigest()[:16]}.so"
