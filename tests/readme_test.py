@@ -78,7 +78,6 @@ _HEAD_BENCH = (
 COMMANDS.update({
   "python -m benchmarks.sampler_bench": _BENCH,
   "python -m benchmarks.sampler_bench --shapes=a": _BENCH,
-  "python -m benchmarks.sampler_bench --shapes=b": _BENCH,
   "python -m benchmarks.sampler_bench --quick": _BENCH,
   "python -m benchmarks.sampler_bench --shapes=a --engines=ours --baseline=HEAD~1": _BENCH,
   "python -m benchmarks.rl_bench": _RL_BENCH,
