@@ -88,6 +88,10 @@ def test_the_paths_without_avx512_match_float64(tmp_path, name, flags, width):
       for threads in (1, 2):
         product = lambda x, w, t=threads: cpu_gemm.call(target, x, w.blocks, t, w.n)
         assert _relative_error(rows, k, n, product, seed=rows, block_width=width) < 1e-5
+  # a weight packed for the other width is refused, naming the block width, not multiplied wrongly
+  wrong = cpu_gemm.pack(jnp.ones((8, 40)), 64 if width == 16 else 16)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="block width"):
+    jax.block_until_ready(cpu_gemm.call(target, jnp.ones((2, 8)), wrong.blocks, 1, wrong.n))
 
 
 def test_batched_rows_keep_their_shape_and_plain_weights_use_xla():
