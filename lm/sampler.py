@@ -583,16 +583,66 @@ def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, t
   return jnp.where(temperature <= 0.0, greedy, drawn)
 
 
+# Entries a nucleus is first looked for among (`_truncate`): a partial sort of this many per row.
+NUCLEUS_CANDIDATES = 64
+
+
 def _truncate(scaled: Array, top_p: Array, top_k: Array) -> Array:
-  """Masks tokens outside each row's top-k and top-p (nucleus) sets with -inf."""
+  """Masks tokens outside each row's top-k and top-p (nucleus) sets with -inf.
+
+  The sets are found among each row's NUCLEUS_CANDIDATES largest entries (`lax.top_k`, a partial
+  sort) and, only when some row's set does not end there (top-k above it, or a flat row whose
+  nucleus needs more), by sorting the whole vocabulary (`_truncate_sorted`). Same sets by the same
+  definition either way; the fast path exists because XLA:CPU's full sort of [16, 8192] took about
+  30 ms a step, more than a small policy's whole decode step (a DPA-GRPO rollout at temperature
+  0.2, top-p 0.9), where the partial sort takes under 1 ms.
+  """
+  if NUCLEUS_CANDIDATES >= scaled.shape[-1]:
+    return _truncate_sorted(scaled, top_p, top_k)
+  masked, found = _truncate_candidates(scaled, top_p, top_k)
+  return jax.lax.cond(jnp.all(found), lambda: masked, lambda: _truncate_sorted(scaled, top_p, top_k))
+
+
+def _truncate_candidates(scaled: Array, top_p: Array, top_k: Array) -> tuple[Array, Array]:
+  """`_truncate` from each row's NUCLEUS_CANDIDATES largest entries: the masked logits [B, V] and
+  whether each row's set was found there [B] (a row not found is masked wrongly)."""
+  vocab = scaled.shape[-1]
+  c = NUCLEUS_CANDIDATES
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)  # [B]
+  top = jax.lax.top_k(scaled, c)[0]  # [B, C], descending
+  within_k = jnp.arange(c)[None] < k[:, None]  # [B, C]
+  # Normalised over the row's top-k set: inside the candidates when k <= C, else the whole row.
+  lse = jnp.where(
+    (k <= c)[:, None],
+    jax.nn.logsumexp(jnp.where(within_k, top, -jnp.inf), axis=-1, keepdims=True),
+    jax.nn.logsumexp(scaled, axis=-1, keepdims=True),
+  )  # [B, 1]
+  probs = jnp.where(within_k, jnp.exp(top - lse), 0.0)  # [B, C]
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = within_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
+  cutoff = jnp.min(jnp.where(keep, top, jnp.inf), axis=-1, keepdims=True)
+  kth = jnp.where(
+    (k <= c)[:, None], jnp.take_along_axis(top, jnp.minimum(k, c)[:, None] - 1, axis=-1), -jnp.inf
+  )
+  threshold = jnp.maximum(kth, cutoff)  # [B, 1]
+  # A row's set ends among the candidates when its top-k does, or, without top-k and with top-p
+  # below 1, when their mass reaches top-p (then the entry after them is not kept). A top-k above C,
+  # or neither (top-p 1 keeps every entry), is sorted.
+  found = (k <= c) | ((k == vocab) & (top_p < 1.0) & (jnp.sum(probs, axis=-1) >= top_p))  # [B]
+  return jnp.where(scaled >= threshold, scaled, -jnp.inf), found
+
+
+def _truncate_sorted(scaled: Array, top_p: Array, top_k: Array) -> Array:
+  """`_truncate` by a full sort of each row: any vocabulary, any top-k."""
   vocab = scaled.shape[-1]
   sorted_desc = -jnp.sort(-scaled, axis=-1)  # [B, V]
   k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
   kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)  # [B, 1]
   probs = jax.nn.softmax(jnp.where(jnp.arange(vocab)[None] < k[:, None], sorted_desc, -jnp.inf), -1)
-  # A token stays if the probability mass strictly before it is below top_p (the first always does).
+  # A token stays if the probability mass strictly before it is below top_p (the first always does);
+  # top-p 1 keeps the whole top-k set (a float32 cumulative sum can reach 1 before its end).
   mass_before = jnp.cumsum(probs, axis=-1) - probs
-  keep_sorted = mass_before < top_p[:, None]
+  keep_sorted = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
   cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
   threshold = jnp.maximum(kth, cutoff)
   return jnp.where(scaled >= threshold, scaled, -jnp.inf)

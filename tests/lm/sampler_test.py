@@ -126,6 +126,30 @@ def test_top_k_and_top_p_never_emit_excluded_tokens():
   assert abs(frac - 0.5 / 0.8) < 0.05  # renormalised within the kept set
 
 
+def test_the_nucleus_from_candidates_is_the_one_a_full_sort_finds():
+  """`_truncate` looks for each row's top-k / top-p set among its 64 largest logits and sorts the
+  whole row only when some row's set does not end there: the same sets either way."""
+  batch, vocab = 16, 4096
+  fast, sort = jax.jit(sampler_lib._truncate), jax.jit(sampler_lib._truncate_sorted)
+  candidates = jax.jit(sampler_lib._truncate_candidates)
+  taken = {True: 0, False: 0}
+  for seed in range(12):
+    rng = np.random.default_rng(seed)
+    scale = (0.3, 3.0, 30.0)[seed % 3]  # flat rows (nuclei of thousands) to near-greedy ones
+    logits = jnp.asarray(rng.normal(size=(batch, vocab)).astype(np.float32) * scale / 0.2)
+    top_p = jnp.asarray(rng.choice([0.5, 0.9, 0.99, 1.0], batch).astype(np.float32))
+    top_k = jnp.asarray(rng.choice([0, 0, 1, 7, 64] + [100] * (seed % 2), batch).astype(np.int32))
+    expected = np.isneginf(np.asarray(sort(logits, top_p, top_k)))
+    np.testing.assert_array_equal(np.isneginf(np.asarray(fast(logits, top_p, top_k))), expected)
+    masked, found = candidates(logits, top_p, top_k)
+    found = np.asarray(found)
+    # every row the candidates claim to hold is masked as the full sort masks it
+    np.testing.assert_array_equal(np.isneginf(np.asarray(masked))[found], expected[found])
+    taken[bool(found.all())] += 1
+  assert taken[True] and taken[False]  # both paths ran
+  assert np.all(~np.isneginf(np.asarray(fast(logits, jnp.ones(batch), jnp.zeros(batch, jnp.int32)))))
+
+
 def test_top_k_one_is_greedy(checkpoint):
   _, model = checkpoint
   sampler = sampler_lib.Sampler(model)
