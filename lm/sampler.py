@@ -618,13 +618,10 @@ def _truncate_candidates(scaled: Array, top_p: Array, top_k: Array) -> tuple[Arr
     jax.nn.logsumexp(scaled, axis=-1, keepdims=True),
   )  # [B, 1]
   probs = jnp.where(within_k, jnp.exp(top - lse), 0.0)  # [B, C]
-  mass_before = jnp.cumsum(probs, axis=-1) - probs
-  keep = within_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
-  cutoff = jnp.min(jnp.where(keep, top, jnp.inf), axis=-1, keepdims=True)
   kth = jnp.where(
     (k <= c)[:, None], jnp.take_along_axis(top, jnp.minimum(k, c)[:, None] - 1, axis=-1), -jnp.inf
   )
-  threshold = jnp.maximum(kth, cutoff)  # [B, 1]
+  threshold = _threshold(top, probs, top_p, kth)  # [B, 1]
   # A row's set ends among the candidates when its top-k does, or, without top-k and with top-p
   # below 1, when their mass reaches top-p (then the entry after them is not kept). A top-k above C,
   # or neither (top-p 1 keeps every entry), is sorted.
@@ -639,10 +636,15 @@ def _truncate_sorted(scaled: Array, top_p: Array, top_k: Array) -> Array:
   k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
   kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)  # [B, 1]
   probs = jax.nn.softmax(jnp.where(jnp.arange(vocab)[None] < k[:, None], sorted_desc, -jnp.inf), -1)
-  # A token stays if the probability mass strictly before it is below top_p (the first always does);
-  # top-p 1 keeps the whole top-k set (a float32 cumulative sum can reach 1 before its end).
+  return jnp.where(scaled >= _threshold(sorted_desc, probs, top_p, kth), scaled, -jnp.inf)
+
+
+def _threshold(desc: Array, probs: Array, top_p: Array, kth: Array) -> Array:
+  """The smallest logit a row keeps [B, 1], from its logits in descending order `desc` [B, C], their
+  probabilities within the top-k set `probs` [B, C] (0 past it) and its k-th largest logit `kth`
+  [B, 1]. A token stays if the probability mass strictly before it is below top_p (the first always
+  does); top-p 1 keeps the whole top-k set (a float32 cumulative sum can reach 1 before its end)."""
   mass_before = jnp.cumsum(probs, axis=-1) - probs
-  keep_sorted = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
-  cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-  threshold = jnp.maximum(kth, cutoff)
-  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+  keep = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+  cutoff = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+  return jnp.maximum(kth, cutoff)
