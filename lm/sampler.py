@@ -260,6 +260,7 @@ class Sampler:
       self.config.cache_dtype or self.model.dtype,
       _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
       self._gemm_threads,
+      self.model.config.num_heads > self.model.config.num_kv_heads,
     )
     gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
@@ -314,6 +315,23 @@ _CPU_DECODE_OPTIONS = {
     ["LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION", "LIBRARY_FUSION_TYPE_REDUCE"]
   )
 }
+# The same without YNNPACK's reductions, for models without grouped queries (as many kv heads as
+# query heads). The decode attention's multiply-reduces then carry a size-1 group axis, and
+# YNNPACK reduces them 10-30x slower than XLA's own loops (one reduction, best of 20, the
+# development machine's 2 cores, 2026-12-01): scores of [160 rows, 4 heads, 1, 264 slots, 16]
+# 15.2 ms against 0.61, the weighted sum 26.8 against 1.4; [8, 8, 1, 200, 64] 1.8 / 6.6 ms
+# against 0.40 / 0.30. With groups (G = 2) YNNPACK's are the faster: [8, 4, 2, 192, 64] 0.23 /
+# 0.10 ms against 0.43 / 0.26, [4, 8, 2, 192, 128] (Qwen3-0.6B) 0.38 / 0.17 against 0.67 / 0.38.
+# The testbed's tiny solver (4 heads, 4 kv heads) sampled 27 prompts x 5 in 689 ms a call with
+# YNNPACK's reductions and 248 without.
+_CPU_DECODE_OPTIONS_NO_GROUPS = {
+  "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+}
+
+
+def _decode_options(grouped: bool) -> dict[str, str]:
+  """XLA:CPU options of the sampler's decode program, for a model with grouped queries or not."""
+  return _CPU_DECODE_OPTIONS if grouped else _CPU_DECODE_OPTIONS_NO_GROUPS
 
 
 def per_prompt(value: T | Sequence[T], num: int, name: str) -> list[T]:
@@ -386,19 +404,21 @@ def _generate_fn(
   cache_dtype,
   phase_ends: tuple[int, ...],
   gemm_threads: int,
+  grouped: bool,
 ):
   """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
   On CPU these are two executables, so that each gets its own XLA:CPU options: the prefill's
   products have prompt × rows rows, where XLA:CPU's default library (YNNPACK) is the faster one,
-  and a decode step's have a few rows, where Eigen is (`_CPU_DECODE_OPTIONS`); the cache passes
+  and a decode step's have a few rows, where Eigen is (`_decode_options`); the cache passes
   from one to the other. Elsewhere they are one program, as one library serves every product there.
   On CPU without a mesh the decode loop also runs in phases, ending after `phase_ends` steps,
   over growing caches (`_phase_ends`): XLA reads every slot of a cache buffer in a step's
   attention (a slice of a larger buffer costs a copy each step, more than it saves), so the buffer
   itself is kept near the filled length and grown between phases. With `gemm_threads` other than 0 (CPU,
   fused weights packed by `Sampler.refresh`) every product, the output head's included, runs
-  `lm.cpu_gemm`'s kernel with that many threads.
+  `lm.cpu_gemm`'s kernel with that many threads. `grouped`: the model has fewer kv heads than
+  query heads (its decode program's options, `_decode_options`).
   """
   cpu = jax.default_backend() == "cpu"
   ends = phase_ends if cpu and mesh is None else (steps,)
@@ -536,7 +556,7 @@ def _generate_fn(
   if not cpu:
     return jax.jit(prefill_and_generate)  # accelerators: one program, one library for every product
   cpu_prefill = jax.jit(prefill)
-  cpu_generate = jax.jit(generate, compiler_options=_CPU_DECODE_OPTIONS)
+  cpu_generate = jax.jit(generate, compiler_options=_decode_options(grouped))
 
   def run(state, head_dv, layer_weights, tokens, mask, **settings):
     cache, last_logits = cpu_prefill(state, head_dv, layer_weights, tokens, mask)

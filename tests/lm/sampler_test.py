@@ -214,6 +214,24 @@ def test_cpu_decode_options_give_skinny_dots_to_eigen():
   )
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU compiler options")
+def test_cpu_decode_reductions_go_to_ynnpack_only_with_grouped_queries():
+  # A decode step's attention reductions (`lm.model.attention`, t = 1): YNNPACK's where queries are
+  # grouped, XLA's own where there are as many kv heads as query heads (see
+  # `_CPU_DECODE_OPTIONS_NO_GROUPS` for the measurements). Both compute the same scores.
+  q, k = jnp.ones((8, 4, 1, 16)), jnp.ones((8, 4, 64, 16))
+  scores = lambda q, k: jnp.sum(q[:, :, :, None, :] * k[:, :, None], axis=-1)
+
+  def run(grouped):
+    fn = jax.jit(scores, compiler_options=sampler_lib._decode_options(grouped))
+    return fn.lower(q, k).compile().as_text(), fn(q, k)
+
+  (with_groups, a), (without, b) = run(True), run(False)
+  assert "__ynn_fusion" in with_groups and "__ynn_fusion" not in without
+  np.testing.assert_allclose(a, jnp.full((8, 4, 1, 64), 16.0))
+  np.testing.assert_allclose(b, a)
+
+
 def test_phase_ends_halve_down_from_the_step_bucket():
   assert sampler_lib._phase_ends(128, 3) == (32, 64, 128)
   assert sampler_lib._phase_ends(64, 1) == (64,)
