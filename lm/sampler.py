@@ -251,10 +251,6 @@ class Sampler:
       max_new=padded(params["max_new_tokens"], 1, np.int32),
     )
     inputs = self._place(inputs)
-    # What the requests need of `sample_token`, known here: a program compiles only that.
-    draws = any(t > 0 for t in params["temperature"])
-    rows = zip(params["temperature"], params["top_p"], params["top_k"], strict=True)
-    truncates = any(t > 0 and (k > 0 or p < 1.0) for t, p, k in rows)
     fn = _generate_fn(
       self._graphdef,
       n,
@@ -265,8 +261,6 @@ class Sampler:
       _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
       self._gemm_threads,
       self.model.config.num_heads > self.model.config.num_kv_heads,
-      draws,
-      truncates,
     )
     gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
@@ -411,8 +405,6 @@ def _generate_fn(
   phase_ends: tuple[int, ...],
   gemm_threads: int,
   grouped: bool,
-  draws: bool,
-  truncates: bool,
 ):
   """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
@@ -426,8 +418,7 @@ def _generate_fn(
   itself is kept near the filled length and grown between phases. With `gemm_threads` other than 0 (CPU,
   fused weights packed by `Sampler.refresh`) every product, the output head's included, runs
   `lm.cpu_gemm`'s kernel with that many threads. `grouped`: the model has fewer kv heads than
-  query heads (its decode program's options, `_decode_options`). `draws`, `truncates`: some row
-  samples, some sampling row truncates (`sample_token`).
+  query heads (its decode program's options, `_decode_options`).
   """
   cpu = jax.default_backend() == "cpu"
   ends = phase_ends if cpu and mesh is None else (steps,)
@@ -496,9 +487,7 @@ def _generate_fn(
     def step_fn(state: _SamplingState, key_mask: Array) -> _SamplingState:
       step = state.step
       keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-      token = sample_token(
-        state.logits, keys, temperature, top_p, top_k, draws=draws, truncates=truncates
-      )  # [B]
+      token = sample_token(state.logits, keys, temperature, top_p, top_k)  # [B]
       logprob = jnp.take_along_axis(jax.nn.log_softmax(state.logits), token[:, None], axis=1)[:, 0]
       is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
       recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
@@ -587,35 +576,20 @@ def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:
   return jnp.max(lengths, axis=1)
 
 
-def sample_token(
-  logits: Array,
-  keys: Array,
-  temperature: Array,
-  top_p: Array,
-  top_k: Array,
-  *,
-  draws: bool = True,
-  truncates: bool = True,
-) -> Array:
+def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, top_k: Array) -> Array:
   """Draws one token per row [B] from logits [B, V] with per-row parameters.
 
   Rows with temperature 0 take the argmax, and a batch of only greedy rows skips sampling. Draws
   use the inverse CDF with one uniform per row: exact, and far cheaper on CPU than Gumbel-max,
   which needs a random number per vocabulary entry. Top-k / top-p masks are computed only when
   some row asks for them (a full-vocabulary sort is otherwise the costliest op of a step).
-  `draws` / `truncates` False (static; the caller knows its rows): no row samples / no sampling
-  row truncates, so that part is not even compiled — the sampler's decode program of a tiny
-  model compiled in about 1.6 s greedy and 2.6 s untruncated against 3.4 s with both (XLA:CPU).
   """
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  if not draws:
-    return greedy
 
   def draw(_):
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-    if truncates:
-      needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
-      scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
+    needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
+    scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
     probs = jax.nn.softmax(scaled, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)  # [B, V]
     u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys) * cdf[:, -1]  # [B]

@@ -126,22 +126,6 @@ def test_top_k_and_top_p_never_emit_excluded_tokens():
   assert abs(frac - 0.5 / 0.8) < 0.05  # renormalised within the kept set
 
 
-def test_the_static_shortcuts_draw_what_the_general_path_draws():
-  """`draws=False` (every row greedy) and `truncates=False` (no sampling row truncates) leave out
-  parts of the program, not change a token: the general path on the same rows gives the same."""
-  logits = jax.random.normal(jax.random.key(1), (6, 300)) * 3
-  keys = jax.random.split(jax.random.key(2), 6)
-  greedy, sampled = jnp.zeros(6), jnp.asarray([0.7, 1.0, 0.0, 1.3, 0.5, 1.0])
-  top_p, top_k = jnp.ones(6), jnp.zeros(6, jnp.int32)
-  token = jax.jit(sampler_lib.sample_token, static_argnames=("draws", "truncates"))
-  general = token(logits, keys, greedy, top_p, top_k)
-  np.testing.assert_array_equal(token(logits, keys, greedy, top_p, top_k, draws=False), general)
-  np.testing.assert_array_equal(general, jnp.argmax(logits, axis=-1))
-  general = token(logits, keys, sampled, top_p, top_k)
-  np.testing.assert_array_equal(token(logits, keys, sampled, top_p, top_k, truncates=False), general)
-  assert len(set(np.asarray(general).tolist())) > 1 and general[2] == jnp.argmax(logits[2])
-
-
 def test_the_nucleus_from_candidates_is_the_one_a_full_sort_finds():
   """`_truncate` looks for each row's top-k / top-p set among its 64 largest logits and sorts the
   whole row only when some row's set does not end there: the same sets either way."""
