@@ -20,12 +20,3 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def pytest_collection_modifyitems(config, items):
-  """Tests marked slow first (a stable sort: otherwise collection order). `-n 2` hands tests out one
-  at a time in this order and more as workers free up, so the minutes-long integration tests are
-  split between the workers from the start and the short ones fill in at the end, instead of one
-  worker finishing a five-minute test while the other has nothing left (longest first, the classic
-  schedule for parallel machines)."""
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
