@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -44,7 +45,6 @@ import numpy as np
 import tqdm
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from tensorboardX import SummaryWriter
 
 from dpa_grpo import config as config_lib
 from dpa_grpo import game, packing, rollout, setup
@@ -58,6 +58,23 @@ from lm import sharding as sharding_lib
 from lm.model import Qwen
 
 _log = logging.getLogger(__name__)
+
+
+def _summary_writer(logdir: str, purge_step: int) -> Any:
+  """tensorboardX's writer. tensorboardX imports torch when torch is installed (the test extras
+  install it for the parity checks) only to accept torch tensors, and that import was 3–8 s of
+  every training process's start; the scalars written here are floats, so a process that has not
+  imported torch yet imports tensorboardX with torch hidden (its own fallback: numpy only)."""
+  if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+      import tensorboardX  # noqa: F401
+    finally:
+      del sys.modules["torch"]
+  from tensorboardX import SummaryWriter
+
+  return SummaryWriter(logdir, purge_step=purge_step)
+
 
 # Rollout prompts are long and of similar lengths: padding them to multiples of 64 rather than to
 # powers of two keeps prefill attention (quadratic in the padded length) from doubling.
@@ -336,7 +353,7 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
   c = config.train
   start = trainer.restore()
   steps = 0 if config.method == "zero_shot" else c.steps
-  writer = SummaryWriter(os.path.join(workdir, "tb"), purge_step=max(start + 1, 0))
+  writer = _summary_writer(os.path.join(workdir, "tb"), max(start + 1, 0))
   metrics_path = os.path.join(workdir, "metrics.jsonl")
 
   def log(entry: dict[str, Any]) -> None:
