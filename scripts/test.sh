@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/setup_env.sh
-python -m pytest -q -n 2 --dist worksteal --durations=15 tests "$@"
+python -m pytest -q -n 2 --durations=15 tests "$@"
