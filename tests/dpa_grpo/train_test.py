@@ -219,7 +219,9 @@ def test_the_tensorboard_writer_does_not_import_torch_and_writes_the_scalars(tmp
   )
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root}
-  done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == "False"
   (events,) = tmp_path.glob("events.out.tfevents.*")
