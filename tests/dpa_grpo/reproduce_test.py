@@ -86,9 +86,7 @@ def test_estimate_game_reads_the_sampled_policy_not_exploration():
 @pytest.mark.slow
 @pytest.mark.integration
 def test_reproduce_end_to_end_writes_the_report(tmp_path):
-  config = dpa_config.get_config("tiny")
-  config.rollout.lines = ("1a",)
-  config.data.batch_cases = 1
+  config = dpa_config.get_config("tiny")  # its shapes: programs the other tiny-preset tests compile
   config.train.update(steps=2, eval_every=1, checkpoint_every=1)
   config.warm_start.update(steps=3, batch_size=4)
   config.compare = ("grpo",)

@@ -2,8 +2,9 @@
 
 One uninterrupted run goes in-process; the same run in a subprocess is killed with SIGKILL after
 its first checkpoint and restarted, and its final parameters must equal the first run's bit for bit.
-Shapes are tiny (one line, one case per step, a tokenizer fitted to the prompts) and compiled
-programs are shared through the persistent compilation cache of tests/conftest.py.
+The run is the tiny preset's (the README's smoke run) for one step more, so that its programs are
+the ones that run and the other tiny-preset tests compile: they are shared through the persistent
+compilation cache of tests/conftest.py.
 """
 
 import os
@@ -26,13 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]  # tiny end-to-end runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
-OVERRIDES = {
-  "rollout.lines": ("1a",),
-  "data.batch_cases": 1,
-  "train.steps": STEPS,
-  "train.eval_every": STEPS,
-  "train.checkpoint_every": 1,
-}
+OVERRIDES = {"train.steps": STEPS, "train.eval_every": STEPS, "train.checkpoint_every": 1}
 
 
 def _config(preset="tiny", **train_overrides):
@@ -62,18 +57,20 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_end_to_end_run_writes_everything(uninterrupted):
-  workdir, _, summary = uninterrupted
+  workdir, config, summary = uninterrupted
   entries = list(rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
   steps = [e for e in entries if "eval" not in e]
   evals = [e for e in entries if "eval" in e]
   assert [e["step"] for e in steps] == [1, 2, 3] and [e["step"] for e in evals] == [0, STEPS]
   assert all(np.isfinite(e["verifier/loss"]) and e["grad_norm"] > 0 for e in steps)
   before = summary["before"]
-  assert set(before["cases"]) == set(game.CASES) and before["units"] == 1
+  lines = set(config.rollout.lines)  # the tiny preset's two, over its one test case
+  assert set(before["cases"]) == set(game.CASES) and before["units"] == len(lines) == 2
   assert 0.0 <= before["accuracy_ci"][0] <= before["accuracy"] <= before["accuracy_ci"][1] <= 1.0
-  assert set(before["per_line_post"]) == {"1a"}
+  assert set(before["per_line_post"]) == lines
   records = list(rundir.read_jsonl(os.path.join(workdir, "records", "train.jsonl")))
-  assert len(records) == STEPS and {"x", "verifier", "sac", "revisions", "case"} <= set(records[0])
+  assert len(records) == STEPS * config.data.batch_cases * len(lines)  # one a unit
+  assert {"x", "verifier", "sac", "revisions", "case"} <= set(records[0])
   assert summary["best_step"] in (0, STEPS) and os.listdir(os.path.join(workdir, "tb"))
 
 
@@ -84,10 +81,7 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
     **os.environ,
     "JAX_PLATFORMS": "cpu",
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-    "JAX_DEFAULT_MATMUL_PRECISION": "highest",
-    "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
-  }
+  }  # the precision and the compilation cache: tests/conftest.py's, inherited
   command = [
     sys.executable,
     "-m",
@@ -96,8 +90,7 @@ def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
     f"--workdir={workdir_b}",
   ]
   command += ["--verbosity=-1"]
-  command += [f"--config.{k}={v}" for k, v in OVERRIDES.items() if k != "rollout.lines"]
-  command += ["--config.rollout.lines=('1a',)"]
+  command += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   run_b = os.path.join(workdir_b, "dpa_grpo")  # the launcher's layout (dpa_grpo.reproduce)
   first = os.path.join(run_b, "checkpoints", "1")
@@ -132,7 +125,7 @@ def test_generator_only_baseline_trains(tmp_path):
   entries = list(rundir.read_jsonl(os.path.join(tmp_path, "metrics.jsonl")))
   step = next(e for e in entries if "eval" not in e)
   assert np.isfinite(step["generator/loss"]) and "verifier/loss" not in step
-  assert summary["method"] == "grpo" and set(summary["before"]["per_line"]) == {"1a"}
+  assert summary["method"] == "grpo" and set(summary["before"]["per_line"]) == {"1a", "9"}
 
 
 def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(uninterrupted, tmp_path, caplog):

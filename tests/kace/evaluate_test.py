@@ -104,12 +104,8 @@ def test_a_killed_run_resumes_without_solving_anything_twice(tmp_path, tiny_chec
   workdir = tmp_path / "run"
   records = workdir / "records.jsonl"
   command = _eval_command(workdir, tiny_checkpoint, tree)
-  # The rerun reads what the killed run compiled from JAX's persistent cache (halves its time).
-  jax_cache = {
-    "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache"),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-  }
-  env = {**os.environ, **jax_cache, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
+  # The rerun reads what the killed run compiled from the tests' persistent cache (tests/conftest.py).
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
   first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 240
   while len(_lines(records)) < 2 and first.poll() is None and time.time() < deadline:
