@@ -30,7 +30,11 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     # torch==2.13.0 is the CPU build: transformers parity tests and the PyTorch baselines.
-    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis>=6.100", "torch==2.13.0", "ruff==0.17.6"],
+    # filelock: xdist workers share one module fixture's run (tests/dpa_grpo/train_test.py).
+    "test": [
+        "pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis>=6.100", "torch==2.13.0", "ruff==0.17.6",
+        "filelock==4.3.1",
+    ],
     "gpu": ["jax[cuda12]==0.10.2"],
     "tpu": ["jax[tpu]==0.10.2"],
 }

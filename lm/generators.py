@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import openai
 from flax import nnx
 
 from lm import rundir, sharding
@@ -250,6 +249,8 @@ class OpenAIGenerator:
   ):
     # Local servers usually need no key; "EMPTY" is vLLM's convention for that case.
     api_key = os.environ.get(api_key_env) or "EMPTY"
+    import openai  # here, not at the top: a second of start-up for every run that serves no API
+
     self.client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries, timeout=timeout)
     self.model = model
     self.max_concurrency = max_concurrency

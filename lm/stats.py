@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -18,6 +17,8 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     return 0.0, 1.0
   if not 0 <= successes <= n:
     raise ValueError(f"wilson_interval: successes must be in [0, n={n}], got {successes}")
+  from scipy import stats  # here, not at the top: a second of every launcher's start-up
+
   ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
   return float(ci.low), float(ci.high)
 
@@ -31,6 +32,8 @@ def bootstrap_ci(
     return float("nan"), float("nan")
   if np.all(values == values[0]):
     return float(values[0]), float(values[0])
+  from scipy import stats
+
   result = stats.bootstrap(
     (values,),
     np.mean,

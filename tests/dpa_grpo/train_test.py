@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import filelock
 import jax
 import numpy as np
 import pytest
@@ -48,12 +49,18 @@ def _final_params(workdir, trainer_like):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("run"))
+def uninterrupted(tmp_path_factory, worker_id):
+  """The run, once a session: xdist may hand this module's tests to both workers, which then share
+  one run through a lock in the session's temporary root (the tests only read it or copy it)."""
+  root = tmp_path_factory.getbasetemp()
+  root = root if worker_id == "master" else root.parent  # gw0's and gw1's common parent
+  workdir = root / "dpa_grpo_uninterrupted"
   config = _config()
-  rundir.prepare_workdir(workdir, config)
-  summary = train.run(config, workdir)
-  return workdir, config, summary
+  with filelock.FileLock(str(root / "dpa_grpo_uninterrupted.lock")):
+    if not (workdir / "summary.json").exists():  # written last, when the run is complete
+      rundir.prepare_workdir(str(workdir), config)
+      train.run(config, str(workdir))
+  return str(workdir), config, rundir.read_json(workdir / "summary.json")
 
 
 def test_end_to_end_run_writes_everything(uninterrupted):
@@ -77,11 +84,8 @@ def test_end_to_end_run_writes_everything(uninterrupted):
 def test_kill_minus_nine_and_resume_is_bit_identical(uninterrupted, tmp_path):
   workdir_a, config, _ = uninterrupted
   workdir_b = str(tmp_path / "resumed")
-  env = {
-    **os.environ,
-    "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-  }  # the precision and the compilation cache: tests/conftest.py's, inherited
+  # XLA's flags, the precision and the compilation cache: tests/conftest.py's, inherited
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   command = [
     sys.executable,
     "-m",
