@@ -1,17 +1,10 @@
-"""Test setup: 8 fake CPU devices for mesh tests, one Eigen thread a process, no network, float32
-matmuls, a shared compilation cache."""
+"""Test setup: 8 fake CPU devices for mesh tests, no network, float32 matmuls."""
 
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One thread for XLA:CPU's Eigen products in each test process: the suite runs two xdist workers
-# on two cores (and the processes tests start beside them), so a second thread in each only
-# contends for a core another process is using. Two heavy tests side by side on 2 workers, from an
-# empty cache: 186 -> 167 s wall, 325 -> 289 user-s (one run each). The processes tests start
-# inherit the flag, so what a test compares bit for bit across processes runs the same way in each.
 os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "")
-  + " --xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false"
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
