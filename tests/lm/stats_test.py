@@ -2,6 +2,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from lm import stats
 
@@ -20,6 +21,16 @@ def test_wilson_interval_closed_form_and_edges():
     assert low <= (n // 2) / n <= high
   with pytest.raises(ValueError, match="successes"):
     stats.wilson_interval(5, 4)
+
+
+def test_wilson_interval_is_scipys():
+  for n in (1, 2, 3, 7, 10, 28, 84, 101, 1000):
+    for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+      for confidence in (0.8, 0.95, 0.99):
+        ci = scipy_stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+        np.testing.assert_allclose(
+          stats.wilson_interval(k, n, confidence), (ci.low, ci.high), rtol=0, atol=1e-12
+        )
 
 
 def test_bootstrap_ci_contains_the_mean_and_narrows_with_data():
