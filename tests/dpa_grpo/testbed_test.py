@@ -135,23 +135,24 @@ def _smoke_config(**optim):
 @pytest.mark.slow
 def test_smoke_pipeline_runs_arms_resumes_and_refuses_a_changed_config(tmp_path, monkeypatch):
   """The pipeline past the gates at smoke size: the 2-step warm start fails them (the test below),
-  so they are stubbed here to test what follows them — every arm runs once, a rerun trains
-  nothing, a changed config stops."""
+  so they are stubbed here to test what follows them — every (arm, seed) runs once, a rerun
+  trains nothing, a changed config stops. One arm, two seeds: the second run reuses the first's
+  compiled programs (each arm's training is tested in `train_test.py`, its config above)."""
   monkeypatch.setattr(testbed, "gates", lambda *a, **k: {"failed": []})
   calls = []
   real_run = testbed.train.run
   monkeypatch.setattr(testbed.train, "run", lambda cfg, path: calls.append(path) or real_run(cfg, path))
   workdir = str(tmp_path / "t")
-  arms = ("dpa_k1", "grpo_reference")
-  testbed.run(_smoke_config(), workdir, arms=arms, seeds=(0,))
-  assert len(calls) == 2
+  arms, seeds = ("dpa_k1",), (0, 1)
+  testbed.run(_smoke_config(), workdir, arms=arms, seeds=seeds)
+  assert sorted(os.path.relpath(p, workdir) for p in calls) == ["dpa_k1/seed0", "dpa_k1/seed1"]
   report = (tmp_path / "t" / "report.md").read_text()
-  assert "| dpa_k1 | 0 |" in report and "| grpo_reference | 0 |" in report and "P4" in report
+  assert "| dpa_k1 | 0 |" in report and "| dpa_k1 | 1 |" in report and "P4" in report
   assert len(os.listdir(tmp_path / "t" / "warm_start")) == 1
-  testbed.run(_smoke_config(), workdir, arms=arms, seeds=(0,))  # resumed: nothing retrains
+  testbed.run(_smoke_config(), workdir, arms=arms, seeds=seeds)  # resumed: nothing retrains
   assert len(calls) == 2
   with pytest.raises(ValueError, match="another config"):
-    testbed.run(_smoke_config(lr=0.5), workdir, arms=arms, seeds=(0,))
+    testbed.run(_smoke_config(lr=0.5), workdir, arms=arms, seeds=seeds)
 
 
 @pytest.mark.slow

@@ -124,6 +124,7 @@ def test_the_launcher_refuses_a_solver_that_fails_its_gates(tmp_path):
     "--config.testbed.solver.intermediate_size=64",
     "--config.roles.solver.sampler.min_prompt_bucket=256",
     "--config.roles.solver.sampler.step_bucket=8", "--config.roles.solver.sampler.max_rows=512",
+    "--config.testbed.seeds=(0, 1)",
   ]  # fmt: skip
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
@@ -135,7 +136,7 @@ def test_the_launcher_refuses_a_solver_that_fails_its_gates(tmp_path):
     "true_card_and_distractors",
   }
   # measured on every seed's own blocks; a gate passes only where it passes in every seed
-  assert set(gates["seeds"]) == {"0", "1", "2"}
+  assert set(gates["seeds"]) == {"0", "1"}
   assert gates["passed"] == {
     name: all(g["passed"][name] for g in gates["seeds"].values()) for name in gates["passed"]
   }
