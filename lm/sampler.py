@@ -261,7 +261,6 @@ class Sampler:
       _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
       self._gemm_threads,
       self.model.config.num_heads > self.model.config.num_kv_heads,
-      draws_needed(params["temperature"], params["top_p"], params["top_k"]),
     )
     gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
     for i in range(num):
@@ -448,10 +447,8 @@ def _generate_fn(
   phase_ends: tuple[int, ...],
   gemm_threads: int,
   grouped: bool,
-  draws: str = "any",
 ):
-  """The jitted prefill and decode loop for one (graph, n, step bucket, `draws`: `sample_token`'s)
-  — shapes set the rest.
+  """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
   On CPU these are two executables, so that each gets its own XLA:CPU options: the prefill's
   products have prompt × rows rows, where XLA:CPU's default library (YNNPACK) is the faster one,
@@ -512,7 +509,7 @@ def _generate_fn(
     def step_fn(state: _SamplingState, key_mask: Array) -> _SamplingState:
       step = state.step
       keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-      token = sample_token(state.logits, keys, temperature, top_p, top_k, draws=draws)  # [B]
+      token = sample_token(state.logits, keys, temperature, top_p, top_k)  # [B]
       logprob = jnp.take_along_axis(jax.nn.log_softmax(state.logits), token[:, None], axis=1)[:, 0]
       is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
       recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
@@ -603,45 +600,20 @@ def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:
   return jnp.max(lengths, axis=1)
 
 
-DRAWS = ("greedy", "full", "any")
-
-
-def draws_needed(temperature: Sequence[float], top_p: Sequence[float], top_k: Sequence[int]) -> str:
-  """The least `sample_token(draws=...)` that serves rows with these settings: "greedy" when every
-  row has temperature 0, "full" when no row truncates (top-k 0, top-p 1), else "any"."""
-  if all(t <= 0.0 for t in temperature):
-    return "greedy"
-  return "full" if all(k == 0 for k in top_k) and all(p >= 1.0 for p in top_p) else "any"
-
-
-def sample_token(
-  logits: Array, keys: Array, temperature: Array, top_p: Array, top_k: Array, *, draws: str = "any"
-) -> Array:
+def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, top_k: Array) -> Array:
   """Draws one token per row [B] from logits [B, V] with per-row parameters.
 
   Rows with temperature 0 take the argmax, and a batch of only greedy rows skips sampling. Draws
   use the inverse CDF with one uniform per row: exact, and far cheaper on CPU than Gumbel-max,
   which needs a random number per vocabulary entry. Top-k / top-p masks are computed only when
   some row asks for them (a full-vocabulary sort is otherwise the costliest op of a step).
-
-  `draws` (static; `draws_needed` gives it from the rows' settings) leaves out of the program what
-  no row can need, with the same tokens: "greedy" is the argmax alone, "full" has no top-k / top-p
-  code, "any" decides both per batch at run time. That code is most of the XLA:CPU compile time of
-  a small model's decode loop, paid for every step bucket, row bucket and sample count a run meets:
-  `ModelConfig.tiny_qwen3(512)`'s loop compiles in 1.1-1.4 s with "greedy", 2.0-2.4 s with "full"
-  and 2.9-3.4 s with "any" (3 step buckets each, the development machine, 2026-12-02).
   """
-  if draws not in DRAWS:
-    raise ValueError(f"draws must be one of {DRAWS}, got {draws!r}")
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  if draws == "greedy":
-    return greedy
 
   def draw(_):
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-    if draws == "any":
-      needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
-      scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
+    needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
+    scaled = jax.lax.cond(needs_truncation, _truncate, lambda x, *_: x, scaled, top_p, top_k)
     probs = jax.nn.softmax(scaled, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)  # [B, V]
     u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys) * cdf[:, -1]  # [B]

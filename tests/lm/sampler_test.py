@@ -126,32 +126,6 @@ def test_top_k_and_top_p_never_emit_excluded_tokens():
   assert abs(frac - 0.5 / 0.8) < 0.05  # renormalised within the kept set
 
 
-def test_the_draws_a_batch_needs_give_the_tokens_of_the_general_program():
-  """`draws="greedy"` and `"full"` leave code out of the program, never change a token: over many
-  keys and rows (mixed temperatures, greedy rows among sampled ones), each gives what `"any"` does
-  for rows whose settings it serves; `draws_needed` picks the least one that serves the rows."""
-  logits = jax.random.normal(jax.random.key(1), (6, 50)) * 3
-  keys = jax.random.split(jax.random.key(2), 400)
-  ones, zeros = jnp.ones(6), jnp.zeros(6, jnp.int32)
-
-  def tokens(temperature, draws):
-    one = lambda k: sampler_lib.sample_token(
-      logits, jax.random.split(k, 6), temperature, ones, zeros, draws=draws
-    )
-    return np.asarray(jax.jit(jax.vmap(one))(keys))  # [400, 6]
-
-  mixed = jnp.asarray([0.0, 0.5, 1.0, 1.5, 0.0, 0.7])
-  np.testing.assert_array_equal(tokens(mixed, "full"), tokens(mixed, "any"))
-  np.testing.assert_array_equal(tokens(jnp.zeros(6), "greedy"), tokens(jnp.zeros(6), "any"))
-  assert len(np.unique(tokens(mixed, "full")[:, 2])) > 3  # the sampled rows do sample
-  assert sampler_lib.draws_needed([0.0, 0.0], [0.9, 1.0], [0, 5]) == "greedy"
-  assert sampler_lib.draws_needed([0.0, 0.7], [1.0, 1.0], [0, 0]) == "full"
-  assert sampler_lib.draws_needed([0.0, 0.7], [1.0, 0.9], [0, 0]) == "any"
-  assert sampler_lib.draws_needed([0.7], [1.0], [20]) == "any"
-  with pytest.raises(ValueError, match="draws"):
-    sampler_lib.sample_token(logits, jax.random.split(keys[0], 6), ones, ones, zeros, draws="some")
-
-
 def test_the_nucleus_from_candidates_is_the_one_a_full_sort_finds():
   """`_truncate` looks for each row's top-k / top-p set among its 64 largest logits and sorts the
   whole row only when some row's set does not end there: the same sets either way."""
