@@ -10,7 +10,15 @@ with Wilson 95% intervals: a quantity *separates upward* when the later (or firs
 lower bound exceeds the other's upper bound, *downward* in the mirror case, else it does not
 separate. A prediction is **held** when at least two of the three seeds separate in the predicted
 direction and none against it; **not held** when at least two separate against it and none for
-it; **inconclusive** otherwise (including fewer than three seeds run).
+it; **inconclusive** otherwise (including fewer than three seeds run). That rule is applied to
+the registered seeds 0, 1, 2 whatever else has run.
+
+The across-seed rule (amendment of 2026-12-02, docs/dpa_grpo.md, written before the nine-seed run):
+per seed the difference of the two proportions (final − step 0, or first-named − other arm), then
+the mean over seeds with its Student-t 95% interval, seeds being the independent replicates. **held**
+when the interval lies wholly on the predicted side of 0, **not held** when wholly on the other
+side, **inconclusive** when it contains 0 or fewer than nine seeds have run. The controls (a
+quantity no role can learn) are reported by whether their interval contains 0.
 """
 
 from __future__ import annotations
@@ -46,7 +54,15 @@ PREDICTIONS = (
   ("P5k3", "anchored DPA-GRPO's final accuracy exceeds GRPO's (library)", "versus", ("dpa_k3", "grpo"),
    ("accuracy",), "up"),
 )  # fmt: skip
+# Controls: the draft of line 12 copies one of two amounts by a coin no input shows, so no role can
+# learn it and its accuracy should not move (across-seed rule; "no effect" expected).
+CONTROLS = (
+  ("C1", "line 12 (hidden coin) accuracy does not change (DPA-GRPO)", "change", ("dpa_k1",), ("line", "12")),
+  ("C2", "line 12 (hidden coin) accuracy does not change (GRPO)", "change", ("grpo",), ("line", "12")),
+)
 SEEDS_NEEDED = 3
+REGISTERED_SEEDS = (0, 1, 2)  # the per-seed rule's three seeds
+ACROSS_SEEDS_NEEDED = 9  # the across-seed rule's (amendment of 2026-12-02)
 
 
 def _evals(path: str) -> dict[int, dict[str, Any]]:
@@ -61,7 +77,49 @@ def _proportion(e: dict[str, Any], quantity: tuple[str, ...]) -> tuple[int, int]
   n = e["units"]
   if quantity[0] == "accuracy":
     return round(e["accuracy"] * n), n
+  if quantity[0] == "line":  # post-revision accuracy of one line (the draft's for GRPO)
+    line = e["per_line_post"][quantity[1]]
+    return round(line["accuracy"] * line["n"]), line["n"]
   return e["cases"][quantity[1]]["count"], n
+
+
+def _difference(
+  runs: dict[str, dict[int, dict[int, dict]]],
+  kind: str,
+  pair: tuple[str, ...],
+  quantity: tuple[str, ...],
+  seed: int,
+) -> tuple[tuple[int, int], tuple[int, int]]:
+  """The two proportions a prediction compares in one seed: (final, step 0) of one arm for a
+  "change", (first arm's final, second arm's final) for a "versus"; KeyError when one has not run."""
+  if kind == "change":
+    evals = runs[pair[0]][seed]
+    return _proportion(evals[max(evals)], quantity), _proportion(evals[0], quantity)
+  a, b = runs[pair[0]][seed], runs[pair[1]][seed]
+  return _proportion(a[max(a)], quantity), _proportion(b[max(b)], quantity)
+
+
+def across_seeds(
+  differences: Sequence[float], direction: str | None, seeds_needed: int = ACROSS_SEEDS_NEEDED
+) -> tuple[float, tuple[float, float], str]:
+  """(mean, t 95% interval, verdict) of the per-seed differences by the across-seed rule (module
+  docstring); direction None for a control: its verdict says whether the interval contains 0."""
+  if not differences:
+    return float("nan"), (float("nan"), float("nan")), "inconclusive"
+  mean = float(np.mean(differences))
+  low, high = stats.t_interval(differences)
+  if direction is None:
+    if len(differences) < 2:
+      return mean, (low, high), "—"
+    return mean, (low, high), "no effect (contains 0)" if low <= 0 <= high else "effect"
+  if len(differences) < seeds_needed:
+    return mean, (low, high), "inconclusive"
+  sign = 1 if direction == "up" else -1
+  if sign * low > 0 and sign * high > 0:
+    return mean, (low, high), "held"
+  if sign * low < 0 and sign * high < 0:
+    return mean, (low, high), "not held"
+  return mean, (low, high), "inconclusive"
 
 
 def separation(a: tuple[int, int], b: tuple[int, int]) -> int:
@@ -172,22 +230,45 @@ def write(
     md.append(f"| {arm} | all | | {_spread(finals)} | | | |")
   md += ["", "Pre-registered predictions (docs/dpa_grpo.md, testbed), judged per seed:", ""]
   md += ["| id | prediction | per-seed separation | verdict |", "|---|---|---|---|"]
-  for pid, text, kind, pair, quantity, direction in PREDICTIONS:
-    seps = []
+  across_md = []
+  for pid, text, kind, pair, quantity, direction in PREDICTIONS + tuple(c + (None,) for c in CONTROLS):
+    seps, diffs, ran = [], [], []
     for seed in seeds:
       try:
-        if kind == "change":
-          evals = runs[pair[0]][seed]
-          seps.append(separation(_proportion(evals[max(evals)], quantity), _proportion(evals[0], quantity)))
-        else:
-          a, b = runs[pair[0]][seed], runs[pair[1]][seed]
-          seps.append(separation(_proportion(a[max(a)], quantity), _proportion(b[max(b)], quantity)))
+        a, b = _difference(runs, kind, pair, quantity, seed)
       except KeyError:
         continue  # that arm / seed has not run yet
-    verdict = judge(seps, direction)
-    summary["predictions"][pid] = {"statement": text, "separations": seps, "verdict": verdict}
-    md.append(f"| {pid} | {text} | {seps} | **{verdict}** |")
+      seps.append(separation(a, b))
+      diffs.append(a[0] / a[1] - b[0] / b[1])
+      ran.append(seed)
+    registered = [s for s, seed in zip(seps, ran, strict=True) if seed in REGISTERED_SEEDS]
+    verdict = judge(registered, direction) if direction else "—"
+    mean, (low, high), across = across_seeds(diffs, direction)
+    summary["predictions"][pid] = {
+      "statement": text,
+      "seeds": ran,
+      "separations": seps,
+      "verdict": verdict,
+      "differences": diffs,
+      "across_seeds": {"mean": mean, "ci": [low, high], "verdict": across},
+    }
+    if direction:
+      md.append(f"| {pid} | {text} | {registered} | **{verdict}** |")
+    hits = f"{sum(s == 1 for s in seps)} / {sum(s == 0 for s in seps)} / {sum(s == -1 for s in seps)}"
+    across_md.append(
+      f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | {hits} | **{across}** |"
+    )
   md += ["", "Separation: +1 the later / first-named interval wholly above, −1 wholly below, 0 overlap."]
+  md += [
+    "",
+    f"Across seeds (amendment of 2026-12-02; verdicts need {ACROSS_SEEDS_NEEDED} seeds): per seed the "
+    "difference (final − step 0, or first-named − other arm), its mean with a Student-t 95% interval; "
+    "per-seed separations counted up / none / down:",
+    "",
+    "| id | prediction or control | seeds | mean difference [95% t] | separations ↑ / 0 / ↓ | verdict |",
+    "|---|---|---|---|---|---|",
+    *across_md,
+  ]
   if runs:
     summary["figures"] = _figures(runs, os.path.join(workdir, "figures"))
     md += ["", "![accuracy](figures/accuracy.png)", "![cases](figures/cases.png)"]

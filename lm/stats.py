@@ -31,6 +31,19 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
   return float(low), float(high)
 
 
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+  """Student-t interval of the mean of independent replicates (seeds): mean ± t_{n-1} · sd / √n.
+
+  (nan, nan) with fewer than two values; (v, v) when every value is v (no spread, no width)."""
+  v = np.asarray(values, np.float64)
+  if v.size < 2:
+    return float("nan"), float("nan")
+  from scipy import stats
+
+  half = float(stats.t.ppf(0.5 + 0.5 * confidence, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+  return float(v.mean() - half), float(v.mean() + half)
+
+
 def bootstrap_ci(
   values: Sequence[float], *, samples: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:

@@ -108,6 +108,19 @@ def test_separation_and_the_judging_rule():
   assert testbed_report.judge([1, 1], "up") == "inconclusive"  # fewer than three seeds
 
 
+def test_the_across_seed_rule():
+  rises = [0.05, 0.02, 0.08, 0.04, 0.06, 0.03, 0.07, 0.05, 0.01]  # nine seeds, all up
+  mean, (low, high), verdict = testbed_report.across_seeds(rises, "up")
+  assert mean == pytest.approx(0.41 / 9) and 0 < low < mean < high and verdict == "held"
+  assert testbed_report.across_seeds(rises, "down")[2] == "not held"
+  assert testbed_report.across_seeds(rises[:8], "up")[2] == "inconclusive"  # fewer than nine seeds
+  mixed = [0.05, -0.04, 0.02, -0.03, 0.01, 0.0, -0.02, 0.04, -0.01]
+  assert testbed_report.across_seeds(mixed, "up")[2] == "inconclusive"
+  assert testbed_report.across_seeds([0.0] * 9, "down")[2] == "inconclusive"  # no change, no verdict
+  assert testbed_report.across_seeds(mixed, None)[2] == "no effect (contains 0)"  # a control
+  assert testbed_report.across_seeds(rises, None)[2] == "effect"
+
+
 def _smoke_args(workdir):
   return [
     "--config=configs/dpa_grpo.py:testbed",

@@ -33,6 +33,17 @@ def test_wilson_interval_is_scipys():
         )
 
 
+def test_t_interval_is_the_textbook_one():
+  # Three seeds 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t_{0.975, 2} = 4.302652729911275 (table value).
+  low, high = stats.t_interval([0.1, 0.2, 0.3])
+  half = 4.302652729911275 * 0.1 / math.sqrt(3)
+  np.testing.assert_allclose((low, high), (0.2 - half, 0.2 + half), atol=1e-12)
+  ci = scipy_stats.ttest_1samp([0.05, -0.02, 0.11, 0.07, 0.0], 0.0).confidence_interval(0.9)
+  np.testing.assert_allclose(stats.t_interval([0.05, -0.02, 0.11, 0.07, 0.0], 0.9), ci, atol=1e-12)
+  assert stats.t_interval([0.0, 0.0, 0.0]) == (0.0, 0.0)  # no spread: the mean itself
+  assert all(math.isnan(x) for x in stats.t_interval([0.4]))
+
+
 def test_bootstrap_ci_contains_the_mean_and_narrows_with_data():
   values = [1.0] * 7 + [0.0] * 3
   low, high = stats.bootstrap_ci(values, samples=1000, seed=1)
