@@ -77,8 +77,8 @@ def _proportion(e: dict[str, Any], quantity: tuple[str, ...]) -> tuple[int, int]
   n = e["units"]
   if quantity[0] == "accuracy":
     return round(e["accuracy"] * n), n
-  if quantity[0] == "line":  # post-revision accuracy of one line (the draft's for GRPO)
-    line = e["per_line_post"][quantity[1]]
+  if quantity[0] == "line":  # post-revision accuracy of one line; GRPO's evaluation has the draft's
+    line = e["per_line_post" if "per_line_post" in e else "per_line"][quantity[1]]
     return round(line["accuracy"] * line["n"]), line["n"]
   return e["cases"][quantity[1]]["count"], n
 
@@ -105,7 +105,7 @@ def across_seeds(
   """(mean, t 95% interval, verdict) of the per-seed differences by the across-seed rule (module
   docstring); direction None for a control: its verdict says whether the interval contains 0."""
   if not differences:
-    return float("nan"), (float("nan"), float("nan")), "inconclusive"
+    return float("nan"), (float("nan"), float("nan")), "inconclusive" if direction else "—"
   mean = float(np.mean(differences))
   low, high = stats.t_interval(differences)
   if direction is None:

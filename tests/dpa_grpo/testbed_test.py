@@ -161,6 +161,7 @@ def test_smoke_pipeline_runs_arms_resumes_and_refuses_a_changed_config(tmp_path,
   assert sorted(os.path.relpath(p, workdir) for p in calls) == ["dpa_k1/seed0", "dpa_k1/seed1"]
   report = (tmp_path / "t" / "report.md").read_text()
   assert "| dpa_k1 | 0 |" in report and "| dpa_k1 | 1 |" in report and "P4" in report
+  assert "| C1 | line 12" in report and "Across seeds" in report  # the amendment's table and control
   assert len(os.listdir(tmp_path / "t" / "warm_start")) == 1
   testbed.run(_smoke_config(), workdir, arms=arms, seeds=seeds)  # resumed: nothing retrains
   assert len(calls) == 2
