@@ -8,9 +8,10 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 # Bytecode is written on first import, for the modules processes import (about 3,400 of the venv's
-# 16,000 files; 20 s once against 45-90 s to compile them all ahead): an environment with
-# PYTHONDONTWRITEBYTECODE set would otherwise compile torch, jax and transformers from source in
-# every process the tests and launchers start, and start each twice as slowly.
+# 16,000 files), instead of compiling them all ahead (a fresh clone's install and start-up: 64 s
+# against 77 s, .ci/run on 2026-12-02): an environment with PYTHONDONTWRITEBYTECODE set would
+# otherwise compile torch, jax and transformers from source in every process the tests and
+# launchers start, and start each twice as slowly.
 unset PYTHONDONTWRITEBYTECODE
 stamp=.venv/.installed-$(cat setup.py scripts/setup_env.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
