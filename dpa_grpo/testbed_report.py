@@ -114,12 +114,9 @@ def across_seeds(
     return mean, (low, high), "no effect (contains 0)" if low <= 0 <= high else "effect"
   if len(differences) < seeds_needed:
     return mean, (low, high), "inconclusive"
-  sign = 1 if direction == "up" else -1
-  if sign * low > 0 and sign * high > 0:
-    return mean, (low, high), "held"
-  if sign * low < 0 and sign * high < 0:
-    return mean, (low, high), "not held"
-  return mean, (low, high), "inconclusive"
+  toward = (low, high) if direction == "up" else (-high, -low)  # the interval, predicted side up
+  verdict = "held" if toward[0] > 0 else "not held" if toward[1] < 0 else "inconclusive"
+  return mean, (low, high), verdict
 
 
 def separation(a: tuple[int, int], b: tuple[int, int]) -> int:

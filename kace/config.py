@@ -47,6 +47,13 @@ class TreeConfig:
   tree: str = ""
 
 
+def _base_record(section: Any, record: type, **changes: Any) -> Any:
+  """The library `record` a config section extends, from the section's values of its fields (the
+  section's own fields left out), with `changes` applied."""
+  values = {f.name: getattr(section, f.name) for f in dataclasses.fields(record)}
+  return record(**{**values, **changes})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LearnSection(learn.LearnConfig):
   """Section `learn`: `kace.learn.LearnConfig`'s fields (inherited, so declared once, with their
@@ -72,8 +79,7 @@ class LearnSection(learn.LearnConfig):
   def learn_config(self, distill: str) -> learn.LearnConfig:
     """The ADD / REFINE options alone (no section fields), distilling as `distill` says (each tree
     artefact picks its own)."""
-    fields = {f.name for f in dataclasses.fields(learn.LearnConfig)}
-    return learn.LearnConfig(**{**{k: getattr(self, k) for k in fields}, "distill": distill})
+    return _base_record(self, learn.LearnConfig, distill=distill)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -252,8 +258,7 @@ class SyntheticConfig(synthetic.TinySolverConfig):
 
   def tiny_solver(self) -> synthetic.TinySolverConfig:
     """The solver's own config, without this section's fields: what its cache key is made of."""
-    fields = {f.name for f in dataclasses.fields(synthetic.TinySolverConfig)}
-    return synthetic.TinySolverConfig(**{k: getattr(self, k) for k in fields})
+    return _base_record(self, synthetic.TinySolverConfig)
 
   def key(self) -> str:
     return self.tiny_solver().key()  # where or whether it is built is not part of what is built
