@@ -262,7 +262,8 @@ class Sampler:
       self._gemm_threads,
       self.model.config.num_heads > self.model.config.num_kv_heads,
     )
-    gen, logp, length, stopped = jax.device_get(fn(self._state, self._head_dv, self._layer_weights, **inputs))
+    out = fn(self._state, self._head_dv, self._layer_weights, **inputs)
+    gen, logp, length, stopped = sharding_lib.to_host(out)  # every process gets every row
     for i in range(num):
       toks, lps, reasons, texts = [], [], [], []
       for j in range(n):

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -47,6 +48,28 @@ def initialize_distributed() -> None:
     jax.local_device_count(),
     jax.device_count(),
   )
+
+
+def to_host(tree: Any) -> Any:
+  """`jax.device_get` that also works for global arrays spanning other hosts' devices.
+
+  A leaf sharded over devices this process cannot address is gathered from every process with
+  `multihost_utils.process_allgather` (a collective: every process must call `to_host` on the same
+  tree, as every process runs the same program). Fully addressable or fully replicated leaves are
+  copied from local devices; other leaves pass through.
+  """
+
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+      return multihost_utils.process_allgather(x, tiled=True)
+    return jax.device_get(x)
+
+  return jax.tree.map(get, tree)
+
+
+def is_writer() -> bool:
+  """Whether this process writes run-directory files (metrics, records, reports): process 0 only."""
+  return jax.process_index() == 0
 
 
 # ---- meshes ------------------------------------------------------------------------------------
