@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import testbed, testbed_theory
+from dpa_grpo import testbed_arms, testbed_theory
 from lm import rundir, stats
 from lm.plotting import plt
 
@@ -159,7 +159,7 @@ def _figures(runs: dict[str, dict[int, dict[int, dict]]], figure_dir: str) -> li
     for j, evals in enumerate(by_seed.values()):
       steps = sorted(evals)
       ax.plot(steps, [evals[s]["accuracy"] for s in steps], "o-", color=f"C{i}", ms=3, alpha=0.8,
-              label=testbed.ARMS[arm].label if j == 0 else None)  # fmt: skip
+              label=testbed_arms.ARMS[arm].label if j == 0 else None)  # fmt: skip
   ax.set_xlabel("training step")
   ax.set_ylabel("test accuracy (greedy; post-revision for DPA-GRPO)")
   ax.set_ylim(-0.02, 1.02)
@@ -168,7 +168,7 @@ def _figures(runs: dict[str, dict[int, dict[int, dict]]], figure_dir: str) -> li
   accuracy = os.path.join(figure_dir, "accuracy.png")
   fig.savefig(accuracy, dpi=110)
   plt.close(fig)
-  dpa = [a for a in runs if testbed.ARMS[a].method == "dpa_grpo"]
+  dpa = [a for a in runs if testbed_arms.ARMS[a].method == "dpa_grpo"]
   fig, axes = plt.subplots(1, 3, figsize=(10, 3), sharey=True)
   for ax, case in zip(axes, ("4", "1", "6a"), strict=True):
     for i, arm in enumerate(dpa):
@@ -191,7 +191,7 @@ def write(
   workdir: str, config: config_lib.ExperimentConfig, arms: Sequence[str], seeds: Sequence[int]
 ) -> dict[str, Any]:
   """Writes report.md, report.json and figures/ from the runs that exist; returns the summary."""
-  runs = {arm: {s: e for s in seeds if (e := _evals(testbed.run_dir(workdir, arm, s)))} for arm in arms}
+  runs = {arm: {s: e for s in seeds if (e := _evals(testbed_arms.run_dir(workdir, arm, s)))} for arm in arms}
   runs = {arm: by_seed for arm, by_seed in runs.items() if by_seed}
   summary: dict[str, Any] = {"arms": {}, "predictions": {}}
   md = ["# DPA-GRPO copy-and-check testbed", ""]
@@ -199,7 +199,7 @@ def write(
   if os.path.exists(gates_path):
     gates = rundir.read_json(gates_path)
     summary["gates"] = gates
-    md += ["```", testbed.format_gates(gates), "```", ""]
+    md += ["```", testbed_arms.format_gates(gates), "```", ""]
   md += [
     f"Held-out test units: greedy play of the test split ({', '.join(config.rollout.lines)}); "
     f"{config.train.steps} training steps per run. Accuracy is post-revision for DPA-GRPO, the draft "
@@ -223,7 +223,7 @@ def write(
         f"| {arm} | {seed} | {_fmt(*_proportion(first, ('accuracy',)))} | "
         f"{_fmt(*_proportion(last, ('accuracy',)))} ({max(evals)}) | " + " | ".join(cases) + " |"
       )
-    summary["arms"][arm] = {"label": testbed.ARMS[arm].label, "final_accuracy": finals}
+    summary["arms"][arm] = {"label": testbed_arms.ARMS[arm].label, "final_accuracy": finals}
     md.append(f"| {arm} | all | | {_spread(finals)} | | | |")
   md += ["", "Pre-registered predictions (docs/dpa_grpo.md, testbed), judged per seed:", ""]
   md += ["| id | prediction | per-seed separation | verdict |", "|---|---|---|---|"]

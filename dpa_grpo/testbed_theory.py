@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import game, report, theory
+from dpa_grpo import game, report, testbed_arms, theory
 from dpa_grpo.envs import copycheck
 from lm import rundir, stats
 from lm.plotting import plt
@@ -169,15 +169,13 @@ def _figure(measured, predict, kappa, step0, fit_seed, figure_dir) -> str:
 def for_workdir(workdir: str, config: config_lib.ExperimentConfig, arm: str, seeds: Sequence[int]):
   """`out_of_sample` for one DPA-GRPO arm of a testbed workdir; None until seed 0 and another
   seed have run."""
-  from dpa_grpo import testbed
-
   gate_path = os.path.join(workdir, "gates", "records.jsonl")
   train = {}
   for seed in seeds:
-    path = os.path.join(testbed.run_dir(workdir, arm, seed), "records", "train.jsonl")
-    if os.path.exists(os.path.join(testbed.run_dir(workdir, arm, seed), "summary.json")):
+    path = os.path.join(testbed_arms.run_dir(workdir, arm, seed), "records", "train.jsonl")
+    if os.path.exists(os.path.join(testbed_arms.run_dir(workdir, arm, seed), "summary.json")):
       train[seed] = list(rundir.read_jsonl(path))
   if not os.path.exists(gate_path) or 0 not in train or len(train) < 2:
     return None
-  arm_cfg = testbed.arm_config(config, testbed.ARMS[arm], 0, "")
+  arm_cfg = testbed_arms.arm_config(config, testbed_arms.ARMS[arm], 0, "")
   return out_of_sample(list(rundir.read_jsonl(gate_path)), train, arm_cfg, os.path.join(workdir, "figures"))
