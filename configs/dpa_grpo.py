@@ -121,6 +121,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       dapo=dict(beta=0.0, eps_low=0.2, eps_high=0.28),
       gspo=dict(beta=0.0, eps_low=3e-4, eps_high=4e-4),
       overlong_cache=512,
+      steps=0,  # the generator-only methods' budget where it differs (0: train.steps; reference: 20)
+      batch_cases=0,  # cases per step (0: data.batch_cases; reference: 5)
+      patience=0,  # (0: train.patience; reference: 3)
     )
   )
   c.lora = ml_collections.ConfigDict(
@@ -259,6 +262,9 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     invalid_penalty=0.0,
   )
   c.baseline.mode = "reference"
+  # The reference's baseline scripts (scripts/training_filer_only*.sh): 20 steps of 5 cases,
+  # patience 3 (its DPA-GRPO: 30 of 10, patience 2). Applied by ExperimentConfig.for_method.
+  c.baseline.update(steps=20, batch_cases=5, patience=3)
   c.optim.update(weight_decay=0.01, max_grad_norm=0.0)
   c.lora.update(rank=8, alpha=32.0, dropout=0.05)  # PEFT's lora_dropout, in training losses only
 

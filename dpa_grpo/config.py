@@ -209,6 +209,12 @@ class BaselineConfig:
   baseline: the pair loss of DPA-GRPO (−A·ℓ + β(ℓ − ℓ_ref), ½ per draft, k1, length-normalised,
   β the method's own) on groups of 2 drafts, tied groups skipped (set `rollout.group_size=2` and
   `rollout.group_carry="best"` with it, as the paper presets do).
+
+  The generator-only methods' budget, where it differs from the experiment's (0: the experiment's
+  `train.steps`, `data.batch_cases`, `train.patience`; `ExperimentConfig.for_method` applies it):
+  `steps`, `batch_cases` (cases per step) and `patience`. The reference code's baseline scripts
+  (`scripts/training_filer_only*.sh`) run 20 steps of 5 cases with patience 3 where its DPA-GRPO
+  runs 30 of 10 with patience 2; the paper presets set the former.
   """
 
   mode: str = "library"
@@ -216,10 +222,16 @@ class BaselineConfig:
   dapo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("dapo"))
   gspo: MethodLoss = dataclasses.field(default_factory=lambda: _paper("gspo"))
   overlong_cache: int = 512
+  steps: int = 0
+  batch_cases: int = 0
+  patience: int = 0
 
   def __post_init__(self):
     if self.mode not in BASELINE_MODES:
       raise ValueError(f"baseline.mode must be one of {BASELINE_MODES}, got {self.mode!r}")
+    for name in ("steps", "batch_cases", "patience"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"baseline.{name} must be >= 0 (0: the experiment's), got {getattr(self, name)}")
 
   def method(self, name: str) -> MethodLoss:
     if name not in BASELINES:
@@ -433,7 +445,15 @@ class ExperimentConfig:
 
   def for_method(self, method: str, checkpoint: str = "") -> ExperimentConfig:
     """This experiment's settings for `method` (from `checkpoint`, if given); zero_shot trains 0
-    steps. Every other setting — a comparison method's `baseline.<method>` included — is kept."""
+    steps; a generator-only method gets the baseline budget (`baseline.steps`, `batch_cases`,
+    `patience`, where set). Every other setting — a comparison method's `baseline.<method>`
+    included — is kept."""
     model = dataclasses.replace(self.model, checkpoint=checkpoint) if checkpoint else self.model
-    train = dataclasses.replace(self.train, steps=0) if method == "zero_shot" else self.train
-    return dataclasses.replace(self, method=method, model=model, train=train)
+    train, data = self.train, self.data
+    if method in BASELINES:
+      b = self.baseline
+      train = dataclasses.replace(train, steps=b.steps or train.steps, patience=b.patience or train.patience)
+      data = dataclasses.replace(data, batch_cases=b.batch_cases or data.batch_cases)
+    if method == "zero_shot":
+      train = dataclasses.replace(train, steps=0)
+    return dataclasses.replace(self, method=method, model=model, train=train, data=data)

@@ -80,6 +80,25 @@ def test_paper_presets_train_as_the_reference_code(preset):
   assert c.optim.weight_decay == 0.01 and c.optim.lr == 1e-5 and c.optim.max_grad_norm == 0.0
   assert (c.lora.rank, c.lora.alpha, c.lora.dropout) == (8, 32.0, 0.05)
   assert (c.rollout.revisions, c.rollout.revision_temperature, c.rollout.explore) == (5, 0.7, 0.4)
+  assert (c.baseline.steps, c.baseline.batch_cases, c.baseline.patience) == (20, 5, 3)
+
+
+@pytest.mark.parametrize("preset", ["qwen3_4b", "qwen3_4b_grpo", "cpu"])
+def test_baselines_get_the_reference_budget_in_the_paper_presets(preset):
+  """The reference's baseline scripts: 20 steps of 5 cases, patience 3; its DPA-GRPO: 30 of 10,
+  patience 2. A compared or main generator-only method gets the former; DPA-GRPO keeps its own;
+  the CPU presets (budget 0) give every method the experiment's."""
+  c = _typed(preset)
+  paper = preset.startswith("qwen3")
+  for method in ("grpo", "dapo", "gspo"):
+    run = c.for_method(method)
+    budget = (run.train.steps, run.data.batch_cases, run.train.patience)
+    assert budget == ((20, 5, 3) if paper else (c.train.steps, c.data.batch_cases, c.train.patience))
+  dpa = c.for_method("dpa_grpo")
+  assert (dpa.train.steps, dpa.data.batch_cases, dpa.train.patience) == (
+    (30, 10, 2) if paper else (c.train.steps, c.data.batch_cases, c.train.patience)
+  )
+  assert c.for_method("zero_shot").train.steps == 0
 
 
 def test_lora_dropout_needs_adapters_and_a_rate_below_one():
