@@ -213,7 +213,27 @@ class Sampler:
       )
     return out
 
-  def _generate_chunk(self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput) -> None:
+  def lowered(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, n: int = 1) -> dict[str, Any]:
+    """The compiled-to-be programs `generate` runs for these prompts (default sampling settings),
+    lowered (`jax.stages.Lowered`: `.compile().as_text()`, `.compile().memory_analysis()`), by name:
+    "decode", the program holding the decode loop, and on CPU "prefill", its own program. The
+    prefill runs once here to give the decode program its cache."""
+    num = len(prompts)
+    settings = dict(max_new_tokens=[max_new_tokens] * num, temperature=[1.0] * num, top_p=[1.0] * num)
+    settings |= dict(top_k=[0] * num, seed=[0] * num)
+    fn, inputs, _ = self._prepare(prompts, settings, n, (), [])
+    args = (self._state, self._head_dv, self._layer_weights)
+    if fn.prefill is None:
+      return {"decode": fn.decode.lower(*args, **inputs)}
+    tokens, mask = inputs.pop("tokens"), inputs.pop("mask")
+    cache, last_logits = fn.prefill(*args, tokens, mask)
+    return {
+      "prefill": fn.prefill.lower(*args, tokens, mask),
+      "decode": fn.decode.lower(*args, cache, last_logits, tokens, mask, **inputs),
+    }
+
+  def _prepare(self, prompts, params, n, eos_ids, stop_ids):
+    """The programs for this chunk's shapes, their padded inputs on the mesh, and the prompt count."""
     num = len(prompts)
     batch_multiple = 1
     if self.mesh is not None:
@@ -262,8 +282,12 @@ class Sampler:
       self._gemm_threads,
       self.model.config.num_heads > self.model.config.num_kv_heads,
     )
-    out = fn(self._state, self._head_dv, self._layer_weights, **inputs)
-    gen, logp, length, stopped = sharding_lib.to_host(out)  # every process gets every row
+    return fn, inputs, num
+
+  def _generate_chunk(self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput) -> None:
+    fn, inputs, num = self._prepare(prompts, params, n, eos_ids, stop_ids)
+    result = fn(self._state, self._head_dv, self._layer_weights, **inputs)
+    gen, logp, length, stopped = sharding_lib.to_host(result)  # every process gets every row
     for i in range(num):
       toks, lps, reasons, texts = [], [], [], []
       for j in range(n):
@@ -579,15 +603,27 @@ def _generate_fn(
       cache, last_logits = prefill(state, head_dv, layer_weights, tokens, mask)
       return generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
 
-    return jax.jit(prefill_and_generate)  # accelerators: one program, one library for every product
-  cpu_prefill = _prefill_fn(graphdef, cache_dtype, gemm_threads, jit=True)
-  cpu_generate = jax.jit(generate, compiler_options=_decode_options(grouped))
+    # accelerators: one program, one library for every product
+    return _Programs(prefill=None, decode=jax.jit(prefill_and_generate))
+  return _Programs(
+    prefill=_prefill_fn(graphdef, cache_dtype, gemm_threads, jit=True),
+    decode=jax.jit(generate, compiler_options=_decode_options(grouped)),
+  )
 
-  def run(state, head_dv, layer_weights, tokens, mask, **settings):
-    cache, last_logits = cpu_prefill(state, head_dv, layer_weights, tokens, mask)
-    return cpu_generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
 
-  return run
+@dataclasses.dataclass(frozen=True)
+class _Programs:
+  """`_generate_fn`'s jitted programs: on CPU a prefill and a decode program (the cache passes from
+  one to the other), elsewhere one program (`prefill` None) that does both."""
+
+  prefill: Any
+  decode: Any
+
+  def __call__(self, state, head_dv, layer_weights, tokens, mask, **settings):
+    if self.prefill is None:
+      return self.decode(state, head_dv, layer_weights, tokens, mask, **settings)
+    cache, last_logits = self.prefill(state, head_dv, layer_weights, tokens, mask)
+    return self.decode(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
 
 
 def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:
