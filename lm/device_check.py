@@ -1,0 +1,277 @@
+"""The device check: what a session lent a GPU (or a TPU VM) runs once, in under 10 minutes.
+
+`scripts/device_check.sh` runs it in two steps, so that the accelerator machine needs neither
+torch nor transformers nor a package registry:
+
+  prepare (here, on CPU, where transformers is installed)
+      a tiny random Qwen3 checkpoint in Hugging Face layout (every norm and bias non-trivial) and
+      transformers' float32 logits of it on fixed tokens, into one folder that travels with the
+      working tree;
+  check (on the accelerator, with whatever newer jax is installed there)
+      parity   our forward of that checkpoint in float32 and in bfloat16 against transformers'
+               logits (the float32 run at `highest` matmul precision, so that TF32 is not
+               mistaken for a bug);
+      memory   the measured memory bandwidth (a jitted copy, best of 5);
+      decode   a reduced Qwen3-4B (its widths, vocabulary and heads, fewer layers, random bf16
+               weights): the sampler's decode tokens/s against the memory-bandwidth roofline
+               (weight bytes plus the KV bytes a step reads, over the measured bandwidth);
+      step     the same reduced model's training step (`lm.plan.measure_step` where the plan
+               module provides it): the compiled program's memory and its roofline time against
+               the device's measured peak memory and step time.
+
+Every part writes its record to the output JSON even when another fails, and says where each
+figure comes from ("measured", "compile", "model"). `--cpu` runs the same code at toy sizes so
+CI exercises it; its numbers say nothing about an accelerator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+PARITY_TOKENS = 24  # tokens per row of the parity batch
+PARITY_ROWS = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckConfig:
+  """Sizes of one device check (`for_mode` builds the two shipped ones).
+
+  Attributes:
+    layers: decoder layers of the reduced Qwen3-4B (its other dimensions are the real model's).
+    rows: decode rows (prompts x samples) of the decode measurement.
+    prompt_len, new_tokens: prompt and generated tokens per row.
+    bandwidth_bytes: size of the array the bandwidth measurement copies.
+    tiny_widths: use the tiny test model's widths instead of Qwen3-4B's (the `--cpu` mode).
+  """
+
+  layers: int
+  rows: int
+  prompt_len: int
+  new_tokens: int
+  bandwidth_bytes: int
+  tiny_widths: bool
+
+  @classmethod
+  def for_mode(cls, cpu: bool) -> CheckConfig:
+    if cpu:
+      return cls(layers=2, rows=2, prompt_len=16, new_tokens=16, bandwidth_bytes=1 << 24, tiny_widths=True)
+    return cls(layers=4, rows=8, prompt_len=512, new_tokens=256, bandwidth_bytes=1 << 30, tiny_widths=False)
+
+
+def prepare(directory: str, seed: int = 0) -> str:
+  """Writes the parity inputs: a tiny Qwen3 checkpoint and transformers' float32 logits of it."""
+  import torch
+  import transformers
+
+  from lm.config import ModelConfig
+
+  os.makedirs(directory, exist_ok=True)
+  config = ModelConfig.tiny_qwen3(vocab_size=128)
+  hf_config = transformers.Qwen3Config(**config.to_hf_dict())
+  torch.manual_seed(seed)
+  model = transformers.Qwen3ForCausalLM(hf_config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      elif name.endswith("bias"):
+        p.copy_(0.1 * torch.randn_like(p))
+  checkpoint = os.path.join(directory, "tiny_qwen3")
+  model.save_pretrained(checkpoint)
+  tokens = np.random.default_rng(seed).integers(2, config.vocab_size, (PARITY_ROWS, PARITY_TOKENS))
+  with torch.no_grad():
+    logits = model(torch.as_tensor(tokens)).logits.float().numpy()
+  np.savez(os.path.join(directory, "parity_reference.npz"), tokens=tokens, logits=logits)
+  return directory
+
+
+def _parity(inputs: str) -> dict[str, Any]:
+  import jax
+  import jax.numpy as jnp
+
+  from lm import hf
+
+  ref = np.load(os.path.join(inputs, "parity_reference.npz"))
+  tokens, want = jnp.asarray(ref["tokens"]), ref["logits"]
+  out: dict[str, Any] = {"source": "measured", "reference": "transformers float32 (prepared on CPU)"}
+  for dtype in ("float32", "bfloat16"):
+    model = hf.load_hf(os.path.join(inputs, "tiny_qwen3"), dtype=dtype)
+    with jax.default_matmul_precision("highest"):
+      got = np.asarray(jax.jit(lambda t, m=model: m(t))(tokens), np.float32)
+    err = np.abs(got - want)
+    out[dtype] = {
+      "max_abs_err": float(err.max()),
+      "max_abs_err_over_logit_std": float(err.max() / want.std()),
+      "argmax_agreement": float((got.argmax(-1) == want.argmax(-1)).mean()),
+    }
+  # float32 must match to rounding; bfloat16 weights and activations (8 bits of mantissa) to a
+  # few percent of the logits' spread, with the same top token nearly everywhere.
+  out["ok"] = bool(
+    out["float32"]["max_abs_err"] < 1e-3
+    and out["bfloat16"]["max_abs_err_over_logit_std"] < 0.1
+    and out["bfloat16"]["argmax_agreement"] >= 0.9
+  )
+  return out
+
+
+def measure_bandwidth(num_bytes: int, repeats: int = 5) -> float:
+  """Bytes per second of a jitted elementwise pass over `num_bytes` of float32 (read + write)."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jnp.ones((num_bytes // 4,), jnp.float32)
+  f = jax.jit(lambda a: a * 1.0001)
+  f(x).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    f(x).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * num_bytes / best
+
+
+def reduced_qwen3_4b(cfg: CheckConfig):
+  """Qwen3-4B's widths with `cfg.layers` layers (or the tiny test widths in `--cpu` mode)."""
+  from lm.config import ModelConfig
+
+  base = ModelConfig.tiny_qwen3() if cfg.tiny_widths else ModelConfig.qwen3_4b()
+  return dataclasses.replace(base, num_layers=cfg.layers)
+
+
+def decode_roofline(config, *, rows: int, context: int, dtype_bytes: int, bandwidth: float) -> float:
+  """Decode tokens/s the memory-bandwidth bound allows: every step reads every weight once and
+  each row's KV cache of `context` slots (its mean length over the generation)."""
+  weight_bytes = config.num_params * dtype_bytes
+  kv_bytes = rows * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim * dtype_bytes
+  return rows * bandwidth / (weight_bytes + kv_bytes)
+
+
+def _decode(cfg: CheckConfig, bandwidth: float) -> dict[str, Any]:
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from lm.model import Qwen
+  from lm.sampler import Sampler
+
+  config = reduced_qwen3_4b(cfg)
+  dtype = jnp.float32 if cfg.tiny_widths else jnp.bfloat16
+  model = Qwen(config, rngs=nnx.Rngs(0), param_dtype=dtype)
+  sampler = Sampler(model)
+  prompts = [[int(t) for t in np.arange(cfg.prompt_len) % 97 + 3] for _ in range(cfg.rows)]
+
+  def timed(new_tokens: int) -> float:
+    kwargs = dict(max_new_tokens=new_tokens, temperature=0.0, seed=0)
+    sampler.generate(prompts, **kwargs)  # compiles
+    start = time.perf_counter()
+    sampler.generate(prompts, **kwargs)
+    return time.perf_counter() - start
+
+  first = timed(1)  # prefill and one token
+  whole = timed(cfg.new_tokens)
+  decode_s = max(whole - first, 1e-9)
+  tok_s = cfg.rows * (cfg.new_tokens - 1) / decode_s
+  bound = decode_roofline(
+    config,
+    rows=cfg.rows,
+    context=cfg.prompt_len + cfg.new_tokens // 2,
+    dtype_bytes=jnp.dtype(dtype).itemsize,
+    bandwidth=bandwidth,
+  )
+  return {
+    "model": {"layers": config.num_layers, "hidden": config.hidden_size, "params": config.num_params},
+    "rows": cfg.rows,
+    "prompt_len": cfg.prompt_len,
+    "new_tokens": cfg.new_tokens,
+    "prefill_and_first_token_s": first,
+    "decode_tokens_per_s": tok_s,
+    "roofline_tokens_per_s": bound,
+    "fraction_of_roofline": tok_s / bound,
+    "source": "measured (tokens/s); model (roofline: weight + KV bytes per step over measured bandwidth)",
+    "backend": jax.default_backend(),
+  }
+
+
+def _step(cfg: CheckConfig) -> dict[str, Any]:
+  try:
+    from lm import plan
+  except ImportError:
+    return {"skipped": "lm.plan is not in this tree"}
+  measure = getattr(plan, "measure_step", None)
+  if measure is None:
+    return {"skipped": "lm.plan has no measure_step"}
+  return measure(reduced_qwen3_4b(cfg), cpu=cfg.tiny_widths)
+
+
+def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+  start = time.perf_counter()
+  try:
+    result = fn()
+  except Exception as e:  # one failed part never loses the others' records
+    result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=6)}
+  result["seconds"] = time.perf_counter() - start
+  print(f"device check: {name}: {json.dumps(result, default=str)[:400]}", flush=True)
+  return result
+
+
+def check(inputs: str, out_path: str, *, cpu: bool) -> dict[str, Any]:
+  """Runs every part and writes the record to `out_path`; returns it."""
+  import jax
+
+  cfg = CheckConfig.for_mode(cpu)
+  record: dict[str, Any] = {
+    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "mode": "cpu" if cpu else "accelerator",
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "devices": [str(d.device_kind) for d in jax.devices()],
+    "python": platform.python_version(),
+    "config": dataclasses.asdict(cfg),
+  }
+  record["parity"] = _run_part("parity", lambda: _parity(inputs))
+  bandwidth = _run_part("memory", lambda: {"bytes_per_s": measure_bandwidth(cfg.bandwidth_bytes)})
+  record["memory"] = bandwidth
+  bw = bandwidth.get("bytes_per_s") or 1e9
+  record["decode"] = _run_part("decode", lambda: _decode(cfg, bw))
+  record["step"] = _run_part("step", lambda: _step(cfg))
+  record["ok"] = all("error" not in record[p] for p in ("parity", "memory", "decode", "step")) and bool(
+    record["parity"].get("ok")
+  )
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  with open(out_path, "w") as f:
+    json.dump(record, f, indent=1, default=str)
+  return record
+
+
+def main(argv: list[str] | None = None) -> int:
+  import argparse
+
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("step", choices=("prepare", "check"))
+  parser.add_argument("--inputs", default="device_check_inputs", help="folder of the prepared inputs")
+  parser.add_argument("--out", default="device_check.json", help="where `check` writes its record")
+  parser.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (what CI runs)")
+  args = parser.parse_args(argv)
+  if args.step == "prepare":
+    print(f"device check inputs written to {prepare(args.inputs)}")
+    return 0
+  if not os.path.exists(os.path.join(args.inputs, "parity_reference.npz")):
+    parser.error(
+      f"--inputs={args.inputs} has no parity_reference.npz: run `prepare` first (on a CPU machine)"
+    )
+  record = check(args.inputs, args.out, cpu=args.cpu)
+  print(f"device check {'passed' if record['ok'] else 'FAILED'}: {args.out}")
+  return 0 if record["ok"] else 1
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
