@@ -140,7 +140,9 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     )
   )
   c.eval = ml_collections.ConfigDict(dict(batch_size=64, solve_rate_k=10, bootstrap=2000))
-  c.grader = ml_collections.ConfigDict(dict(workers=2, timeout_s=5.0))
+  # truncated: what a reply cut off by max_tokens answers: "unanswered" (the maths benchmarks' rule:
+  # only a complete \\boxed{}, never the last number of a cut-off chain of thought) or "extract".
+  c.grader = ml_collections.ConfigDict(dict(workers=2, timeout_s=5.0, truncated="unanswered"))
   # The CPU-scale tiny solver (kace.synthetic.TinySolverConfig fields + where to cache it).
   c.synthetic = ml_collections.ConfigDict(
     dict(

@@ -134,7 +134,16 @@ def _clean(candidate: str) -> str | None:
   return s or None
 
 
-def extract_answer(text: str) -> str | None:
+LENGTH = "length"  # the finish reason of a reply cut off by max_tokens (servers and lm.Sampler alike)
+# What a reply cut off by max_tokens answers (`Grader.truncated`, config `grader.truncated`):
+# "unanswered" (default, the maths benchmarks' rule): only a complete \boxed{} in its final part;
+# "extract": every rule of `extract_answer`, as for a reply that stopped (the pre-2026-12 behaviour).
+TRUNCATED_RULES = ("unanswered", "extract")
+
+
+def extract_answer(
+  text: str, finish_reason: str | None = None, *, truncated: str = "unanswered"
+) -> str | None:
   r"""The final answer of a model response, or None when it has none.
 
   In order: (1) the last `\boxed{}` / `\fbox{}`; (2) the last "final answer is X" / "answer: X"
@@ -142,13 +151,23 @@ def extract_answer(text: str) -> str | None:
   last number. With a reasoning trace only the text after the last `</think>` is read, and a
   response cut off inside `<think>` has no answer: a draft number from unfinished reasoning must
   not vote. Candidates are cleaned by `_clean` (math delimiters, trailing punctuation, `x =`).
+
+  A reply that stopped for length (`finish_reason == "length"`) answers only with a complete
+  `\boxed{}` in its final part under `truncated="unanswered"` (the default): rules 2-4 would read
+  the last number of a chain of thought cut off mid-way (Qwen3's template opens `<think>` in the
+  prompt, so such a reply may hold no think tag at all). `truncated="extract"` reads it like any
+  other reply.
   """
+  if truncated not in TRUNCATED_RULES:
+    raise ValueError(f"truncated must be one of {TRUNCATED_RULES}, got {truncated!r}")
   text = text_lib.after_think(text)
   if not text:
     return None
   boxed = last_boxed(text)
   if boxed is not None:
     return boxed
+  if finish_reason == LENGTH and truncated == "unanswered":
+    return None
   phrases = [m.group("tail") for m in _PHRASE_RE.finditer(text)]
   maths = list(_math_spans(text))
   for candidate in phrases[-1:] + maths[-1:]:
@@ -394,10 +413,20 @@ class Grader:
 
   Attributes:
     counts: how many math-verify calls ended in each status ("verified", "timeout", "error").
+    truncated: what a reply cut off by max_tokens answers (`TRUNCATED_RULES`; `extract`).
   """
 
-  def __init__(self, workers: int = 2, timeout_s: float = 5.0, start_timeout_s: float = 120.0):
+  def __init__(
+    self,
+    workers: int = 2,
+    timeout_s: float = 5.0,
+    start_timeout_s: float = 120.0,
+    truncated: str = "unanswered",
+  ):
+    if truncated not in TRUNCATED_RULES:
+      raise ValueError(f"Grader: truncated must be one of {TRUNCATED_RULES}, got {truncated!r}")
     self.timeout_s = timeout_s
+    self.truncated = truncated
     self.counts: collections.Counter[str] = collections.Counter()
     self._pool = _Pool(workers, start_timeout_s)
     self._cache: dict[tuple[str, ...], Verdict] = {}
@@ -425,6 +454,11 @@ class Grader:
           self.counts[status] += 1
           self._cache[key] = Verdict(status == "verified" and value, status)
       return [self._cache[k] for k in keys]
+
+  def extract(self, text: str, finish_reason: str | None = None) -> str | None:
+    """The answer of one reply under this grader's rule for replies cut off by max_tokens
+    (`extract_answer` with `truncated=self.truncated`)."""
+    return extract_answer(text, finish_reason, truncated=self.truncated)
 
   def grade_many(self, items: Sequence[tuple[str, str | None]]) -> list[Verdict]:
     """Grades `(gold, predicted answer)` pairs; gold comes first (math-verify is not symmetric)."""

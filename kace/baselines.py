@@ -212,8 +212,9 @@ class SolverAdapter:
     template = instruction_template(candidate["instruction"])
     prompts = [solve.chat(p.question, "", template) for p in batch]
     per = [dataclasses.replace(self.params, seed=seeding.derive_seed(self.seed, p.id, "gepa")) for p in batch]
-    texts = [g[0].text for g in self.generator.generate(prompts, n=1, params=per)]
-    extracted = [answers.extract_answer(t) for t in texts]
+    replies = [g[0] for g in self.generator.generate(prompts, n=1, params=per)]
+    texts = [g.text for g in replies]
+    extracted = [self.grader.extract(g.text, g.finish_reason) for g in replies]
     verdicts = self.grader.grade_many([(p.answer, a) for p, a in zip(batch, extracted, strict=True)])
     scores = [float(v.correct) for v in verdicts]
     traces = None

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from kace import learn, projection, synthetic, tiers
+from kace import answers, learn, projection, synthetic, tiers
 from kace import testbed as testbed_lib
 from lm import generators
 
@@ -240,12 +240,25 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GraderConfig:
+  """`kace.answers.Grader`'s options: math-verify workers, their time bound, and what a reply cut off
+  by max_tokens answers (`truncated`: "unanswered", the benchmarks' rule — only a complete
+  `\\boxed{}` — or "extract", every extraction rule; docs/kace.md, "Extraction and grading")."""
+
   workers: int = 2
   timeout_s: float = 5.0
+  truncated: str = "unanswered"
 
   def __post_init__(self):
     if self.workers < 1 or self.timeout_s <= 0:
       raise ValueError(f"grader: workers must be >= 1 and timeout_s > 0, got {self}")
+    if self.truncated not in answers.TRUNCATED_RULES:
+      raise ValueError(
+        f"config.grader.truncated must be one of {answers.TRUNCATED_RULES}, got {self.truncated!r}"
+      )
+
+  def grader(self) -> answers.Grader:
+    """A `Grader` with these options (a context manager; one per run)."""
+    return answers.Grader(workers=self.workers, timeout_s=self.timeout_s, truncated=self.truncated)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -159,7 +159,7 @@ def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]
   rundir.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
   options = config.method_options()
   built = [methods.build(name, options) for name in config.methods]
-  with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
+  with config.grader.grader() as grader:
     problems = load_problems(config.data, config.generated(), grader)
     _log.info("%d problems, methods %s", len(problems), list(config.methods))
     solver = generators.make_generator(config.roles.solver)

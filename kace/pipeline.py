@@ -132,7 +132,7 @@ def build(
   needed = list(dict.fromkeys(methods.ARTIFACT[m] for m in config.methods if m in methods.ARTIFACT))
   embedder = embedder or LazyEmbedder(config.learn.embedder_dir)
   out = {}
-  with answers.Grader(workers=config.grader.workers, timeout_s=config.grader.timeout_s) as grader:
+  with config.grader.grader() as grader:
     problems = training_problems(config, grader)
     classifier = lambda: methods.role(config.roles.get("classifier"))
     domains = evaluate.domains_of_run(config, problems, classifier, workdir).of

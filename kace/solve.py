@@ -156,12 +156,14 @@ def solve(
     for request, group in groups.items():
       if progress:
         progress.stage(request.stage, len(group))
-      _draw(request, group, domains, generator, params, context, template, seed, rounds, stages)
+      _draw(request, group, domains, generator, grader, params, context, template, seed, rounds, stages)
     grader.warm([s.answer for r in rounds[p.id] for s in r.samples] for p in todo)
   return _finish(problems, domains, decisions, stages, grader)
 
 
-def _draw(request, group, domains, generator, params, context, template, seed, rounds, stages) -> None:
+def _draw(
+  request, group, domains, generator, grader, params, context, template, seed, rounds, stages
+) -> None:
   """One generator call: `request.n` samples for every problem of `group`, with its own cards."""
   group_domains = [domains[p.id] for p in group]
   if request.cards_tier is None:
@@ -174,7 +176,7 @@ def _draw(request, group, domains, generator, params, context, template, seed, r
   ]
   outputs = generator.generate(prompts, n=request.n, params=per_prompt)
   for p, view, generations in zip(group, views, outputs, strict=True):
-    extracted = [answers.extract_answer(g.text) for g in generations]
+    extracted = [grader.extract(g.text, g.finish_reason) for g in generations]
     samples = tuple(tiers.Sample(a, g.completion_tokens) for a, g in zip(extracted, generations, strict=True))
     rounds[p.id] += (tiers.Round(request.stage, samples),)
     records = tuple(
@@ -242,6 +244,7 @@ class SolveRate:
   k: int
   correct: int
   answers: tuple[str | None, ...]
+  finish_reasons: tuple[str, ...] = ()  # per sample: "stop", or "length" when cut off by max_tokens
 
   @property
   def rate(self) -> float:
@@ -265,11 +268,13 @@ def solve_rates(
     dataclasses.replace(params, seed=seeding.derive_seed(seed, p.id, "solve_rate")) for p in problems
   ]
   outputs = generator.generate(prompts, n=k, params=per_prompt)
-  extracted = [[answers.extract_answer(g.text) for g in gens] for gens in outputs]
+  extracted = [[grader.extract(g.text, g.finish_reason) for g in gens] for gens in outputs]
   verdicts = iter(
     grader.grade_many([(p.answer, a) for p, ans in zip(problems, extracted, strict=True) for a in ans])
   )
   return [
-    SolveRate(p.id, k, sum(next(verdicts).correct for _ in ans), tuple(ans))
-    for p, ans in zip(problems, extracted, strict=True)
+    SolveRate(
+      p.id, k, sum(next(verdicts).correct for _ in ans), tuple(ans), tuple(g.finish_reason for g in gens)
+    )
+    for p, ans, gens in zip(problems, extracted, outputs, strict=True)
   ]

@@ -336,15 +336,30 @@ def _from_json(text: str, line_id: str) -> ParsedAmount | None:
   return None
 
 
-def parse_line_answer(text: str, line_id: str) -> ParsedAmount:
+LENGTH = "length"  # the finish reason of a reply cut off by max_tokens
+
+
+def complete_part(text: str, finish_reason: str | None = None) -> str:
+  """What of a reply can hold answers: all of it when it stopped, and when it was cut off by
+  max_tokens (`finish_reason == "length"`) only its complete lines — the last, unfinished line is
+  dropped, as `Line 16: Tax | ... | 40` cut from `4016` is not the model's amount. (An unclosed
+  `<think>` already gives no final part, `lm.text.after_think`; a cut JSON object does not parse.)"""
+  if finish_reason != LENGTH:
+    return text
+  return text[: text.rfind("\n") + 1]
+
+
+def parse_line_answer(text: str, line_id: str, finish_reason: str | None = None) -> ParsedAmount:
   """The model's amount for one line, from either answer format; never raises on model output.
 
   The benchmark format (`Line 16: Tax | explanation | 4016`) is tried first, then JSON. Closed
   `<think>` blocks are ignored, and when the line is answered several times the last answer counts
-  (models restate and then correct). No answer for the line gives an unparsed marker.
+  (models restate and then correct). No answer for the line gives an unparsed marker. A reply cut
+  off by max_tokens (`finish_reason="length"`) answers only in its complete lines (`complete_part`);
+  no number is ever read outside the two formats.
   """
   line_by_id(line_id)
-  text = text_lib.after_think(text)
+  text = text_lib.after_think(complete_part(text, finish_reason))
   for parse in (_from_line_format, _from_json):
     found = parse(text, line_id)
     if found is not None:
@@ -352,9 +367,10 @@ def parse_line_answer(text: str, line_id: str) -> ParsedAmount:
   return unparsed(text)
 
 
-def parse_return(text: str) -> dict[str, ParsedAmount]:
-  """All 19 lines from one whole-return answer (the benchmark's single-shot output)."""
-  return {line_id: parse_line_answer(text, line_id) for line_id in LINE_IDS}
+def parse_return(text: str, finish_reason: str | None = None) -> dict[str, ParsedAmount]:
+  """All 19 lines from one whole-return answer (the benchmark's single-shot output); a reply cut
+  off by max_tokens answers only in its complete lines (`parse_line_answer`)."""
+  return {line_id: parse_line_answer(text, line_id, finish_reason) for line_id in LINE_IDS}
 
 
 def format_amount(amount: float) -> str:
@@ -467,6 +483,7 @@ class ReturnScore:
   strict: dict[str, bool]
   lenient: dict[str, bool]
   unparsed: tuple[str, ...]
+  finish_reason: str = ""  # the scored reply's: "stop", "length" (cut off by max_tokens); "" unknown
 
   @property
   def strictly_correct(self) -> bool:
@@ -478,9 +495,13 @@ class ReturnScore:
 
 
 def score_return(
-  case: TaxCase, predicted: Mapping[str, ParsedAmount | float | None], unparsed_reads_zero: bool = False
+  case: TaxCase,
+  predicted: Mapping[str, ParsedAmount | float | None],
+  unparsed_reads_zero: bool = False,
+  finish_reason: str = "",
 ) -> ReturnScore:
-  """Scores predicted amounts (missing lines are unparsed) against the case's gold.
+  """Scores predicted amounts (missing lines are unparsed) against the case's gold; `finish_reason`
+  (of the reply they were parsed from) is recorded in the score.
 
   `unparsed_reads_zero=True` reads a missing or unparsed line as 0.0, mirroring how the gold side
   treats a missing XML element; the default counts it wrong, so a model cannot score on zero lines
@@ -498,7 +519,16 @@ def score_return(
     strict={i: line_correct(values[i], case.gold[i], STRICT_TOLERANCE) for i in LINE_IDS},
     lenient={i: line_correct(values[i], case.gold[i], LENIENT_TOLERANCE) for i in LINE_IDS},
     unparsed=missing,
+    finish_reason=finish_reason,
   )
+
+
+def score_reply(
+  case: TaxCase, reply: str, finish_reason: str = "", unparsed_reads_zero: bool = False
+) -> ReturnScore:
+  """One whole-return reply scored: parsed by `parse_return` (a reply cut off by max_tokens answers
+  only in its complete lines) and scored by `score_return`, its finish reason recorded."""
+  return score_return(case, parse_return(reply, finish_reason), unparsed_reads_zero, finish_reason)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,3 +155,32 @@ def test_grading_garbage_never_crashes(grader, gold, pred):
   verdict = grader.grade(gold, pred)
   assert verdict.status in {"string", "verified", "no_answer", "timeout", "error"}
   assert isinstance(grader.equivalent(gold, pred), bool)
+
+
+# ---- replies cut off by max_tokens (finish_reason "length"): the benchmarks' rule ----------------
+
+# One reply per benchmark style, cut off by max_tokens mid-reasoning: each ends on a number that is
+# the gold answer, which the last-number rule would grade right by accident.
+TRUNCATED = {
+  "math": ("\\frac{3}{4}", "We need P(A). By symmetry each of the 4 cases is equally likely, so 3/4"),
+  "aime2025": ("204", "Okay, let me think. The sum over the residues mod 9 gives 9 * 22 + 6 = 204"),
+  "olymmath": ("\\sqrt{2}", "The minimum of f occurs where x = \\sqrt{2}, so f's least value is $\\sqrt{2}$"),
+}
+
+
+@pytest.mark.parametrize("bench", sorted(TRUNCATED))
+def test_a_truncated_reply_without_a_box_is_unanswered(grader, bench):
+  gold, text = TRUNCATED[bench]
+  assert extract_answer(text, "length") is None
+  assert grader.grade(gold, grader.extract(text, "length")).status == "no_answer"
+  # the same words from a reply that stopped are its answer
+  assert grader.grade(gold, grader.extract(text, "stop")).correct
+  # the old reading, kept as an option, is what scored truncated garbage right
+  assert extract_answer(text, "length", truncated="extract") is not None
+
+
+def test_a_truncated_reply_with_a_complete_box_keeps_it_and_a_cut_box_is_none():
+  assert extract_answer("so the answer is \\boxed{204}. Let me double-check: 9 * 22", "length") == "204"
+  assert extract_answer("so the answer is \\boxed{20", "length") is None
+  with pytest.raises(ValueError, match="truncated"):
+    extract_answer("x", "length", truncated="maybe")

@@ -5,7 +5,7 @@ import collections
 
 import pytest
 
-from kace import cards, projection, solve, synthetic, tiers
+from kace import cards, data, projection, solve, synthetic, tiers
 from lm import generators
 from tests.kace.generator_helpers import CountingGenerator
 
@@ -95,3 +95,26 @@ def test_demo_tree_cards_are_valid():
   assert not tree.over_budget() and len(tree.universal()) == 1
   assert all(projection.project(tree, t, d).cards for t in ("MS", "HS") for d in ("algebra", "combinatorics"))
   assert cards.EpistemicTree.from_json(tree.to_json()) == tree
+
+
+class _CutOff:
+  """A scripted solver (a stand-in, not a model): every sample is a chain of thought cut off by
+  max_tokens that ends on the gold answer's number, as a real 38,912-token budget can leave it."""
+
+  def generate(self, prompts, n=1, params=None):
+    text = "Let me think. Trying k = 3 gives 9 * 22 + 6 = 204"
+    return [[generators.Generation(text, None, None, "length", 10, 38912)] * n for _ in prompts]
+
+
+def test_truncated_samples_are_unanswered_and_their_finish_reason_is_recorded(grader):
+  problem = data.Problem(
+    id="aime2025-1", question="Find k.", answer="204", source="aime2025", domain="algebra"
+  )
+  [solution] = solve.solve(
+    [problem], {problem.id: "algebra"}, generator=_CutOff(), grader=grader, schedule=tiers.Schedule(),
+    params=generators.GenerationParams(max_tokens=38912),
+  )  # fmt: skip
+  samples = [s for st in solution.stages for s in st.samples]
+  assert len(samples) == 10 and solution.exit_tier == tiers.POOL  # no answer ever exits a tier
+  assert all(s.finish_reason == "length" and s.answer is None and not s.correct for s in samples)
+  assert solution.answer is None and not solution.correct

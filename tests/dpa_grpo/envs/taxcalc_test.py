@@ -349,3 +349,31 @@ def test_loader_output_feeds_split_and_scoring(tmp_path):
   train, test = taxcalc.split_cases(taxcalc.load_cases(tmp_path))
   assert len(test) == 1 and os.path.isdir(tmp_path / test[0].case_id)
   assert taxcalc.score_return(test[0], test[0].gold).strictly_correct
+
+
+# ------------------------------------------------------------------------------ replies cut off by max_tokens
+
+
+def test_a_truncated_reply_answers_only_in_its_complete_lines():
+  # Line 16's amount 4016 cut to "40" by max_tokens: unanswered, never read as 40; line 15, whole
+  # before the cut, stands. The same text that stopped by itself is read in full.
+  text = taxcalc.render_line_answer("15", 1200) + "\n" + taxcalc.render_line_answer("16", 4016)[:-2]
+  assert taxcalc.parse_line_answer(text, "16").value == 40.0  # a reply that stopped: its own words
+  cut = taxcalc.parse_return(text, finish_reason="length")
+  assert not cut["16"].parsed and cut["15"].value == 1200.0
+  # a chain of thought cut off with numbers in it and no answer line answers nothing
+  thinking = "Line 16 tax: the taxable income is 52,000 so the tax is 4016 and line 19 is"
+  assert not any(p.parsed for p in taxcalc.parse_return(thinking, finish_reason="length").values())
+
+
+def test_score_reply_records_the_finish_reason_and_scores_a_cut_line_wrong():
+  case = _case({"16": 4016.0})
+  reply = "\n".join(taxcalc.render_line_answer(i, case.gold[i]) for i in taxcalc.LINE_IDS)
+  whole = taxcalc.score_reply(case, reply, finish_reason="stop")
+  assert whole.strictly_correct and whole.finish_reason == "stop"
+  # cut inside the last line (line 37), whose amount 0 goes: that line is unanswered, the rest stand
+  cut = taxcalc.score_reply(case, reply[:-1], finish_reason="length")
+  assert (
+    cut.finish_reason == "length" and cut.unparsed == (taxcalc.LINE_IDS[-1],) and not cut.strictly_correct
+  )
+  assert sum(cut.strict.values()) == len(taxcalc.LINE_IDS) - 1
