@@ -42,6 +42,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       header_timeout_s=10.0,
       body_timeout_s=30.0,
       keep_alive_s=5.0,
+      max_loras=8,  # LoRA adapters loaded at once through /v1/load_lora_adapter
     )
   )
   if arg == "tiny":

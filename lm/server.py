@@ -1,10 +1,16 @@
 """An OpenAI-compatible HTTP server over a local `JaxGenerator`, so a JAX checkpoint serves any role.
 
-Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` with `n`,
-`temperature`, `top_p`, `top_k` (the vLLM extension), `max_tokens` (`max_completion_tokens` for
-chat), `stop`, `seed`, `logprobs` and `chat_template_kwargs` (`enable_thinking`). Anything this
-server cannot honour (streaming, echo, penalties, logit bias, tools, alternatives in log-probs) is
-refused with a 400 naming the field rather than silently ignored.
+Routes: `GET /health`, `GET /v1/models` (each served model with its `max_model_len`, as vLLM),
+`POST /v1/completions`, `POST /v1/chat/completions` with `n`, `temperature`, `top_p`, `top_k` (the
+vLLM extension), `max_tokens` (`max_completion_tokens` for chat), `stop`, `seed`, `logprobs`,
+`return_tokens_as_token_ids` (vLLM's: log-prob tokens as "token_id:<id>"), `stream` with
+`stream_options.include_usage` (server-sent events in OpenAI's chunk format, sent once the sample is
+whole: the sampler makes whole completions), `response_format` `{"type": "text"}` and
+`chat_template_kwargs` (`enable_thinking`); `POST /v1/load_lora_adapter` and
+`/v1/unload_lora_adapter` (vLLM's bodies) serve PEFT LoRA adapters by name: a request whose `model`
+names an adapter is answered by the base model with it. Anything this server cannot honour (JSON
+modes, echo, penalties, logit bias, tools, guided decoding, alternatives in log-probs) is refused
+with a 400 naming the field rather than silently ignored. docs/serving.md has the details.
 
 The HTTP side is FastAPI (Starlette) on uvicorn, the stack vLLM and SGLang serve on: one asyncio
 loop holds every connection, so a thousand idle or slow clients cost sockets, not threads. Bodies
@@ -49,13 +55,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import fastapi
+import jax
 import ml_collections
 import pydantic
 import uvicorn
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from lm import generators
+from lm import generators, lora
 from lm.generators import Generation, GenerationParams, JaxGenerator, Prompt
 
 
@@ -91,6 +98,7 @@ class ServerConfig:
     body_timeout_s: a body not received whole within this gets 408 (e.g. shorter than its
       Content-Length).
     keep_alive_s: an idle kept-alive connection is closed after this.
+    max_loras: the most LoRA adapters loaded at once (`/v1/load_lora_adapter` refuses more).
   """
 
   model_name: str = "local"
@@ -115,6 +123,7 @@ class ServerConfig:
   header_timeout_s: float = 10.0
   body_timeout_s: float = 30.0
   keep_alive_s: float = 5.0
+  max_loras: int = 8
 
   def __post_init__(self):
     if not 1 <= self.default_max_tokens <= self.max_tokens:
@@ -128,6 +137,7 @@ class ServerConfig:
       "max_queued_requests",
       "max_connections",
       "backlog",
+      "max_loras",
     ):
       if getattr(self, name) < 1:
         raise ValueError(f"ServerConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -167,12 +177,21 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
-  """One parsed request: its prompts (one for chat), samples per prompt and parameters."""
+  """One parsed request: its prompts (one for chat), samples per prompt and parameters.
+
+  `generator` answers it (None: the batcher's own, the base model); it is fixed when the request
+  is accepted, so an adapter reloaded meanwhile serves the requests that come after the reload.
+  """
 
   prompts: list[Prompt]
   n: int
   params: GenerationParams
   chat: bool
+  model: str = ""
+  generator: Any = None
+  stream: bool = False
+  include_usage: bool = False
+  token_ids_as_tokens: bool = False
 
   @property
   def cost(self) -> int:
@@ -180,9 +199,9 @@ class _Job:
     return len(self.prompts) * self.n * self.params.max_tokens
 
 
-# Fields clients may send but this server cannot honour, with the values that mean "not used".
+# Fields clients may send but this server cannot honour, with the values that mean "not used"
+# (OpenAI's and vLLM's extensions that change what is sampled or returned).
 _UNSUPPORTED = {
-  "stream": (None, False),
   "echo": (None, False),
   "suffix": (None, ""),
   "best_of": (None, 1),
@@ -190,7 +209,31 @@ _UNSUPPORTED = {
   "presence_penalty": (None, 0),
   "frequency_penalty": (None, 0),
   "tools": (None, []),
+  "tool_choice": (None, "none"),
+  "functions": (None, []),
+  "function_call": (None, "none"),
   "top_logprobs": (None, 0),
+  "guided_json": (None,),
+  "guided_regex": (None,),
+  "guided_choice": (None,),
+  "guided_grammar": (None,),
+  "structured_outputs": (None,),
+  "logits_processors": (None, []),
+  "min_tokens": (None, 0),
+  "min_p": (None, 0),
+  "repetition_penalty": (None, 1),
+  "use_beam_search": (None, False),
+  "prompt_logprobs": (None,),
+  "ignore_eos": (None, False),
+  "stop_token_ids": (None, []),
+  "bad_words": (None, []),
+  "allowed_token_ids": (None,),
+  "include_stop_str_in_output": (None, False),
+  "skip_special_tokens": (None, True),
+  "add_generation_prompt": (None, True),
+  "continue_final_message": (None, False),
+  "return_token_ids": (None, False),
+  "truncate_prompt_tokens": (None,),
 }
 
 # Deeper JSON than this is refused before validation (a 100k-deep body must be a 400, not a 500).
@@ -263,6 +306,10 @@ class OpenAIServer:
     self.generator = generator
     self.config = config
     self.context_limit = _context_limit(generator, config)
+    self.created = int(time.time())
+    # Adapter name -> (its PEFT directory, the generator serving the base model with it).
+    self._adapters: dict[str, tuple[str, JaxGenerator]] = {}
+    self._adapters_lock = threading.Lock()
     self._batcher = _Batcher(generator, config)
     self.app = _make_app(self)
     # Bound here (not by uvicorn) so `port` is known at once, also for port 0.
@@ -333,16 +380,106 @@ class OpenAIServer:
       )
 
   def models(self) -> dict[str, Any]:
-    entry = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "lm.server"}
-    return {"object": "list", "data": [entry]}
+    """The base model and every loaded adapter, each with its context limit (vLLM's fields)."""
 
-  async def complete(self, request: fastapi.Request, *, chat: bool) -> dict[str, Any]:
+    def entry(name: str, root: str, parent: str | None) -> dict[str, Any]:
+      return {
+        "id": name,
+        "object": "model",
+        "created": self.created,
+        "owned_by": "lm.server",
+        "root": root,
+        "parent": parent,
+        "max_model_len": self.context_limit,
+      }
+
+    with self._adapters_lock:
+      adapters = sorted((name, path) for name, (path, _) in self._adapters.items())
+    base = self.config.model_name
+    return {"object": "list", "data": [entry(base, base, None)] + [entry(n, p, base) for n, p in adapters]}
+
+  def healthy(self) -> bool:
+    return self._batcher.alive()
+
+  async def complete(self, request: fastapi.Request, *, chat: bool):
     """Reads, validates and tokenises one request, then waits for its batch."""
     body = _json_object(await _read_body(request, self.config))
     job = self.parse(body, chat=chat)
     await asyncio.get_running_loop().run_in_executor(None, self.check_prompts, job)
     generations = await asyncio.wrap_future(self._batcher.submit(job))
-    return _response(job, generations, self.config.model_name, self.generator.tokenizer)
+    if job.stream:
+      events = _stream_events(job, generations, self.generator.tokenizer)
+      return fastapi.responses.StreamingResponse(
+        iter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+      )
+    return _response(job, generations, self.generator.tokenizer)
+
+  # ---- LoRA adapters (vLLM's runtime endpoints) ---------------------------------------------------
+
+  async def load_adapter(self, request: fastapi.Request) -> str:
+    body = _json_object(await _read_body(request, self.config))
+    name = self._adapter_name(body)
+    path = _field(body, "lora_path", str, None)
+    if not path:
+      raise ApiError(400, "missing required field 'lora_path' (a PEFT LoRA directory)", param="lora_path")
+    _field(body, "load_inplace", bool, None)  # vLLM's switch to replace; this server always replaces
+    with self._adapters_lock:
+      if name not in self._adapters and len(self._adapters) >= self.config.max_loras:
+        raise ApiError(
+          400,
+          f"{len(self._adapters)} adapters are loaded, the limit (max_loras); unload one first",
+          param="lora_name",
+        )
+    generator = await asyncio.get_running_loop().run_in_executor(None, self._adapter_generator, path)
+    with self._adapters_lock:
+      replaced = name in self._adapters
+      self._adapters[name] = (path, generator)
+    logging.info("%s LoRA adapter %r from %s", "replaced" if replaced else "loaded", name, path)
+    return f"Success: LoRA adapter '{name}' added successfully."
+
+  async def unload_adapter(self, request: fastapi.Request) -> str:
+    body = _json_object(await _read_body(request, self.config))
+    name = self._adapter_name(body)
+    with self._adapters_lock:
+      if self._adapters.pop(name, None) is None:
+        raise ApiError(404, f"the LoRA adapter {name!r} is not loaded", param="lora_name")
+    return f"Success: LoRA adapter '{name}' removed successfully."
+
+  def _adapter_name(self, body: dict[str, Any]) -> str:
+    name = _field(body, "lora_name", str, None)
+    if not name:
+      raise ApiError(400, "missing required field 'lora_name'", param="lora_name")
+    if name == self.config.model_name:
+      raise ApiError(400, f"'lora_name' {name!r} is the base model's name", param="lora_name")
+    return name
+
+  def _adapter_generator(self, path: str) -> JaxGenerator:
+    """A generator for the base model with the PEFT adapter at `path` (400 naming `lora_path`)."""
+    sampler = self.generator.sampler
+    try:
+      adapter = lora.load_peft(path, sampler.model.config)
+    except Exception as e:  # load_peft's ValueErrors name the file; safetensors raises its own types
+      raise ApiError(
+        400, f"'lora_path' {path!r}: {type(e).__name__}: {ascii(str(e))[1:-1][:500]}", param="lora_path"
+      ) from None
+    if sampler.mesh is not None:  # beside the base weights on every device
+      replicated = jax.sharding.NamedSharding(sampler.mesh, jax.sharding.PartitionSpec())
+      for var in vars(adapter).values():
+        if isinstance(var, lora.LoRAParam):
+          var[...] = jax.device_put(var[...], replicated)
+    view = lora.with_adapter(sampler.model, adapter)
+    return JaxGenerator(view, self.generator.tokenizer, sampler_config=sampler.config, mesh=sampler.mesh)
+
+  def _generator_for(self, model: str) -> JaxGenerator | None:
+    """None for the base model, else the adapter's generator (404 naming what is served)."""
+    if model == self.config.model_name:
+      return None
+    with self._adapters_lock:
+      entry = self._adapters.get(model)
+      served = [self.config.model_name, *sorted(self._adapters)]
+    if entry is None:
+      raise ApiError(404, f"model {model!r} is not served here (this server has {served})", param="model")
+    return entry[1]
 
   def parse(self, body: dict[str, Any], *, chat: bool) -> _Job:
     """Validates a request body into a `_Job`; every error names the offending field."""
@@ -350,22 +487,22 @@ class OpenAIServer:
       request = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
     except pydantic.ValidationError as e:
       raise _validation_error(e) from None
-    if request.model != self.config.model_name:
-      raise ApiError(
-        404,
-        f"model {request.model!r} is not served here (this server has {self.config.model_name!r})",
-        param="model",
-      )
+    generator = self._generator_for(request.model)
     for name, allowed in _UNSUPPORTED.items():
       if body.get(name) not in allowed:
         raise ApiError(400, f"'{name}' = {body[name]!r} is not supported by this server", param=name)
+    _response_format(body)
+    stream, include_usage = _stream(body)
     c = self.config
     prompts = [_messages(body)] if chat else _prompts(body, c.max_prompts)
     max_tokens_field = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
     max_tokens = _field(body, max_tokens_field, int, c.default_max_tokens)
     if not 1 <= max_tokens <= c.max_tokens:
       raise ApiError(
-        400, f"'{max_tokens_field}' must be in [1, {c.max_tokens}], got {max_tokens}", param=max_tokens_field
+        400,
+        f"'{max_tokens_field}' must be in [1, {c.max_tokens}] (this server's limit is {c.max_tokens} "
+        f"tokens), got {max_tokens}",
+        param=max_tokens_field,
       )
     params = GenerationParams(
       max_tokens=max_tokens,
@@ -377,7 +514,17 @@ class OpenAIServer:
       enable_thinking=_enable_thinking(body) if chat else None,
       logprobs=_logprobs(body, chat),
     )
-    job = _Job(prompts, _ranged(body, "n", int, 1, 1, c.max_n), params, chat)
+    job = _Job(
+      prompts,
+      _ranged(body, "n", int, 1, 1, c.max_n),
+      params,
+      chat,
+      model=request.model,
+      generator=generator,
+      stream=stream,
+      include_usage=include_usage,
+      token_ids_as_tokens=_field(body, "return_tokens_as_token_ids", bool, False),
+    )
     if job.cost > c.max_request_tokens:
       raise ApiError(
         400,
@@ -450,7 +597,7 @@ def _error_response(error: ApiError) -> _JSONResponse:
 
 
 def _make_app(server: OpenAIServer) -> fastapi.FastAPI:
-  """The FastAPI app: three routes, and one error shape (OpenAI's) for every status."""
+  """The FastAPI app: its routes, and one error shape (OpenAI's) for every status."""
   app = fastapi.FastAPI(openapi_url=None, docs_url=None, redoc_url=None, default_response_class=_JSONResponse)
 
   @app.exception_handler(ApiError)
@@ -472,10 +619,26 @@ def _make_app(server: OpenAIServer) -> fastapi.FastAPI:
     logging.error("request failed", exc_info=error)
     return _error_response(ApiError(500, f"internal error: {type(error).__name__}: {error}"))
 
+  @app.get("/health")
+  async def health():
+    if not server.healthy():
+      raise ApiError(503, "the batch worker has stopped")
+    return fastapi.responses.Response(status_code=200)
+
   @app.get("/v1/models")
   async def models(request: fastapi.Request):
     server.check_auth(request)
     return server.models()
+
+  @app.post("/v1/load_lora_adapter")
+  async def load_lora_adapter(request: fastapi.Request):
+    server.check_auth(request)
+    return fastapi.responses.PlainTextResponse(await server.load_adapter(request))
+
+  @app.post("/v1/unload_lora_adapter")
+  async def unload_lora_adapter(request: fastapi.Request):
+    server.check_auth(request)
+    return fastapi.responses.PlainTextResponse(await server.unload_adapter(request))
 
   @app.post("/v1/completions")
   async def completions(request: fastapi.Request):
@@ -677,6 +840,54 @@ def _enable_thinking(body: dict[str, Any]) -> bool | None:
   return _field(kwargs, "enable_thinking", bool, None)
 
 
+def _response_format(body: dict[str, Any]) -> None:
+  """Only plain text: JSON modes are refused by name, never ignored."""
+  value = body.get("response_format")
+  if value is None:
+    return
+  if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+    raise ApiError(
+      400, f"'response_format' must be an object with a string 'type', got {value!r}", param="response_format"
+    )
+  if value["type"] != "text":
+    raise ApiError(
+      400,
+      f"'response_format.type' = {value['type']!r} is not supported by this server (only 'text'; "
+      "constrained JSON decoding is not implemented)",
+      param="response_format.type",
+    )
+
+
+def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+  """(stream, include_usage) from `stream` and `stream_options`."""
+  stream = _field(body, "stream", bool, False)
+  options = _field(body, "stream_options", dict, None)
+  if options is None:
+    return stream, False
+  if not stream:
+    raise ApiError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options")
+  unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
+  if unknown:
+    raise ApiError(
+      400, f"'stream_options' may hold 'include_usage', got {unknown}", param=f"stream_options.{unknown[0]}"
+    )
+  if _field(options, "continuous_usage_stats", bool, False):
+    raise ApiError(
+      400,
+      "'stream_options.continuous_usage_stats' is not supported",
+      param="stream_options.continuous_usage_stats",
+    )
+  try:
+    include_usage = _field(options, "include_usage", bool, False)
+  except ApiError as e:
+    raise ApiError(
+      400,
+      e.message.replace("'include_usage'", "'stream_options.include_usage'"),
+      param="stream_options.include_usage",
+    ) from None
+  return stream, include_usage
+
+
 def _logprobs(body: dict[str, Any], chat: bool) -> bool:
   """Chat: a boolean. Completions: the number of alternatives, of which only 0 is supported."""
   if chat:
@@ -694,45 +905,130 @@ def _logprobs(body: dict[str, Any], chat: bool) -> bool:
 # ---- responses ----------------------------------------------------------------------------------
 
 
-def _response(job: _Job, generations: list[list[Generation]], model: str, tokenizer) -> dict[str, Any]:
+def _response(job: _Job, generations: list[list[Generation]], tokenizer) -> dict[str, Any]:
   """The OpenAI response body; choice i * n + j is sample j of prompt i."""
   choices = []
+  for index, g in _samples(job, generations):
+    logprobs = _logprobs_block(job, tokenizer, g.token_ids, g.logprobs) if job.params.logprobs else None
+    if job.chat:
+      choice = {"message": {"role": "assistant", "content": g.text}, "logprobs": logprobs}
+    else:
+      choice = {"text": g.text, "logprobs": logprobs}
+    choices.append({"index": index, "finish_reason": g.finish_reason, **choice})
+  return {**_header(job), "choices": choices, "usage": _usage(generations)}
+
+
+def _samples(job: _Job, generations: list[list[Generation]]):
+  """(choice index, sample) pairs: choice i * n + j is sample j of prompt i."""
   for i, samples in enumerate(generations):
     for j, g in enumerate(samples):
-      tokens = [tokenizer.decode([t]) for t in g.token_ids] if job.params.logprobs else None
-      if job.chat:
-        logprobs = _chat_logprobs(tokens, g.logprobs) if tokens is not None else None
-        choice = {"message": {"role": "assistant", "content": g.text}, "logprobs": logprobs}
-      else:
-        logprobs = (
-          {"tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": None}
-          if tokens is not None
-          else None
-        )
-        choice = {"text": g.text, "logprobs": logprobs}
-      choices.append({"index": i * job.n + j, "finish_reason": g.finish_reason, **choice})
-  prompt_tokens = sum(samples[0].prompt_tokens for samples in generations)
-  completion_tokens = sum(g.completion_tokens for samples in generations for g in samples)
+      yield i * job.n + j, g
+
+
+def _header(job: _Job, *, chunk: bool = False) -> dict[str, Any]:
+  kind = ("chat.completion.chunk" if chunk else "chat.completion") if job.chat else "text_completion"
   return {
     "id": f"{'chatcmpl' if job.chat else 'cmpl'}-{uuid.uuid4().hex}",
-    "object": "chat.completion" if job.chat else "text_completion",
+    "object": kind,
     "created": int(time.time()),
-    "model": model,
-    "choices": choices,
-    "usage": {
-      "prompt_tokens": prompt_tokens,
-      "completion_tokens": completion_tokens,
-      "total_tokens": prompt_tokens + completion_tokens,
-    },
+    "model": job.model,
   }
 
 
-def _chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float]) -> dict[str, Any]:
+def _usage(generations: list[list[Generation]]) -> dict[str, int]:
+  prompt_tokens = sum(samples[0].prompt_tokens for samples in generations)
+  completion_tokens = sum(g.completion_tokens for samples in generations for g in samples)
+  return {
+    "prompt_tokens": prompt_tokens,
+    "completion_tokens": completion_tokens,
+    "total_tokens": prompt_tokens + completion_tokens,
+  }
+
+
+def _logprobs_block(job: _Job, tokenizer, token_ids: Sequence[int], logprobs: Sequence[float]) -> dict:
+  """The `logprobs` of a choice (or a streamed chunk) covering `token_ids`: the sampler's own
+  log-probs (of the model's unscaled distribution, as vLLM's default); tokens as text, or as
+  "token_id:<id>" with `return_tokens_as_token_ids` (vLLM's extension)."""
+  if job.token_ids_as_tokens:
+    tokens = [f"token_id:{t}" for t in token_ids]
+  else:
+    tokens = [tokenizer.decode([t]) for t in token_ids]
+  if not job.chat:
+    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None}
   content = [
-    {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+    {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass")), "top_logprobs": []}
     for t, lp in zip(tokens, logprobs, strict=True)
   ]
   return {"content": content, "refusal": None}
+
+
+_DETOKENIZE_WINDOW = 6  # tokens decoded before the new ones, so a piece's leading space is right
+
+
+def text_pieces(tokenizer, token_ids: Sequence[int], text: str) -> list[tuple[str, int, int]]:
+  """`text` split along `token_ids` for streaming: (piece, first token, end token) per chunk.
+
+  The pieces join to `text` exactly (stop strings already cut) and their token ranges cover
+  `token_ids` in order. A token that ends inside a multi-byte character waits for the next; once
+  decoding stops matching `text` (a cut stop string) the rest is one last piece.
+  """
+  pieces, sent, start = [], 0, 0
+  for k in range(len(token_ids)):
+    lo = max(0, start - _DETOKENIZE_WINDOW)
+    before = tokenizer.decode(token_ids[lo:start])
+    after = tokenizer.decode(token_ids[lo : k + 1])
+    if after.endswith("\ufffd") or not after.startswith(before):
+      continue
+    delta = after[len(before) :]
+    if not text.startswith(delta, sent):
+      break
+    pieces.append((delta, start, k + 1))
+    sent, start = sent + len(delta), k + 1
+  if sent < len(text) or start < len(token_ids):
+    pieces.append((text[sent:], start, len(token_ids)))
+  return pieces
+
+
+def _stream_events(job: _Job, generations: list[list[Generation]], tokenizer) -> list[bytes]:
+  """The response as server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
+
+  Per choice: (chat) a first chunk with the role, then one chunk per text piece (`text_pieces`, with
+  the log-probs of its tokens), then one with the finish reason; with `include_usage` every chunk
+  has `"usage": null` and a last chunk has no choices and the usage, as OpenAI sends them.
+  """
+  header = _header(job, chunk=True)
+  extra = {"usage": None} if job.include_usage else {}
+
+  def event(choice: dict[str, Any]) -> bytes:
+    return _sse({**header, "choices": [choice], **extra})
+
+  events = []
+  for index, g in _samples(job, generations):
+    if job.chat:
+      events.append(event({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                           "finish_reason": None}))  # fmt: skip
+    for piece, lo, hi in text_pieces(tokenizer, g.token_ids, g.text):
+      logprobs = (
+        _logprobs_block(job, tokenizer, g.token_ids[lo:hi], g.logprobs[lo:hi])
+        if job.params.logprobs
+        else None
+      )
+      body = {"delta": {"content": piece}} if job.chat else {"text": piece}
+      events.append(event({"index": index, **body, "logprobs": logprobs, "finish_reason": None}))
+    body = {"delta": {}} if job.chat else {"text": ""}
+    events.append(event({"index": index, **body, "logprobs": None, "finish_reason": g.finish_reason}))
+  if job.include_usage:
+    events.append(_sse({**header, "choices": [], "usage": _usage(generations)}))
+  events.append(b"data: [DONE]\n\n")
+  return events
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+  try:
+    payload = json.dumps(data, ensure_ascii=False).encode("utf-8")
+  except UnicodeEncodeError:  # text the client sent that is not valid Unicode: escaped, as _JSONResponse
+    payload = json.dumps(data).encode("ascii")
+  return b"data: " + payload + b"\n\n"
 
 
 # ---- batching -----------------------------------------------------------------------------------
@@ -785,6 +1081,9 @@ class _Batcher:
 
   def _retry_after(self) -> dict[str, str]:
     return {"Retry-After": str(self._config.retry_after_s)}
+
+  def alive(self) -> bool:
+    return self._thread.is_alive() and not self._closing
 
   def close(self) -> None:
     with self._cv:
@@ -861,16 +1160,23 @@ class _Batcher:
       entry.future.set_result(result)
 
   def _generate(self, jobs: list[_Job]) -> list[list[list[Generation]]]:
-    prompts = [p for job in jobs for p in job.prompts]
-    flat = self._generator.generate(
-      prompts,
-      n=[job.n for job in jobs for _ in job.prompts],
-      params=[job.params for job in jobs for _ in job.prompts],
-    )
-    results, start = [], 0
-    for job in jobs:
-      results.append(flat[start : start + len(job.prompts)])
-      start += len(job.prompts)
+    """One `generate` call per generator among `jobs` (the base model, each adapter)."""
+    by_generator: dict[int, list[int]] = {}
+    for index, job in enumerate(jobs):
+      by_generator.setdefault(id(job.generator), []).append(index)
+    results: list[list[list[Generation]]] = [[] for _ in jobs]
+    for indices in by_generator.values():
+      group = [jobs[i] for i in indices]
+      generator = group[0].generator or self._generator
+      flat = generator.generate(
+        [p for job in group for p in job.prompts],
+        n=[job.n for job in group for _ in job.prompts],
+        params=[job.params for job in group for _ in job.prompts],
+      )
+      start = 0
+      for i, job in zip(indices, group, strict=True):
+        results[i] = flat[start : start + len(job.prompts)]
+        start += len(job.prompts)
     return results
 
 

@@ -10,13 +10,24 @@ import socket
 import threading
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
 
 from configs import serve as serve_config
+from lm import lora, scoring
 from lm.generators import GenerationParams, OpenAIGenerator
-from lm.server import ApiError, OpenAIServer, ServerConfig, _Batcher, _Entry, _Job, server_from_config
+from lm.server import (
+  ApiError,
+  OpenAIServer,
+  ServerConfig,
+  _Batcher,
+  _Entry,
+  _Job,
+  server_from_config,
+  text_pieces,
+)
 from tests.lm.generator_helpers import CHAT_WORDS, MAX_TOKENS, N, make_tiny_generator, single_token_stop
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
@@ -55,8 +66,12 @@ def _assert_matches(text, finish_reason, logprobs, expected):
   np.testing.assert_allclose(logprobs, expected.logprobs, atol=1e-5)
 
 
-def test_models_lists_the_served_model(client):
-  assert [m.id for m in client.models.list().data] == ["tiny"]
+def test_models_lists_the_served_model_with_its_context_limit_and_health_is_200(client, server, generator):
+  (model,) = client.models.list().data
+  assert model.id == "tiny" and abs(model.created - time.time()) < 3600
+  assert model.max_model_len == generator.sampler.model.config.max_position_embeddings
+  status, body = _request_raw(server, "GET", "/health", key=None)
+  assert status == 200 and body == b""
 
 
 def test_a_wrong_or_missing_api_key_gets_401(server):
@@ -142,18 +157,27 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(server, gen
     assert [c.text for c in answer.choices] == [g.text for g in want]
 
 
-def _request(server, method, path, body=None, *, key=KEY):
-  """A raw request (the openai client would refuse to send malformed ones): (status, JSON body)."""
+def _request_raw(server, method, path, body=None, *, key=KEY):
+  """A raw request (the openai client would refuse to send malformed ones): (status, body bytes)."""
   headers = {"Content-Type": "application/json"}
   if key:
     headers["Authorization"] = f"Bearer {key}"
-  connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+  connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
   try:
     connection.request(method, path, body=body, headers=headers)
     response = connection.getresponse()
-    return response.status, json.loads(response.read())
+    return response.status, response.read()
   finally:
     connection.close()
+
+
+def _request(server, method, path, body=None, *, key=KEY):
+  status, raw = _request_raw(server, method, path, body, key=key)
+  return status, json.loads(raw)
+
+
+def _post_raw(server, path, body, *, key=KEY):
+  return _request_raw(server, "POST", path, json.dumps(body).encode(), key=key)
 
 
 def _post(server, path, body, *, key=KEY):
@@ -177,11 +201,31 @@ _OK = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
     ("/v1/completions", {"model": "tiny"}, 400, "prompt", "missing required field 'prompt'"),
     ("/v1/completions", {"prompt": "hi"}, 400, "model", "missing required field 'model'"),
     ("/v1/completions", dict(_OK, model="gpt-9"), 404, "model", "not served here"),
-    ("/v1/completions", dict(_OK, max_tokens=17), 400, "max_tokens", "must be in [1, 16]"),
+    ("/v1/completions", dict(_OK, max_tokens=17), 400, "max_tokens", "this server's limit is 16 tokens"),
     ("/v1/completions", dict(_OK, temperature="hot"), 400, "temperature", "must be a number"),
     ("/v1/completions", dict(_OK, n=True), 400, "n", "must be an integer"),
     ("/v1/completions", dict(_OK, prompt=[1, 2]), 400, "prompt", "token ids are not accepted"),
-    ("/v1/completions", dict(_OK, stream=True), 400, "stream", "not supported"),
+    ("/v1/completions", dict(_OK, stream="yes"), 400, "stream", "must be a boolean"),
+    ("/v1/completions", dict(_OK, stream_options={"include_usage": True}), 400, "stream_options",
+     "only allowed with 'stream': true"),
+    ("/v1/completions", dict(_OK, stream=True, stream_options={"include_usage": 1}), 400,
+     "stream_options.include_usage", "must be a boolean"),
+    ("/v1/completions", dict(_OK, response_format={"type": "json_object"}), 400, "response_format.type",
+     "'json_object' is not supported"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "response_format": {"type": "json_schema",
+     "json_schema": {"name": "x", "schema": {}}}}, 400, "response_format.type", "'json_schema'"),
+    ("/v1/completions", dict(_OK, response_format="json"), 400, "response_format", "must be an object"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "tools": [{"type": "function"}]}, 400,
+     "tools", "not supported"),
+    ("/v1/completions", dict(_OK, guided_json={"type": "object"}), 400, "guided_json", "not supported"),
+    ("/v1/completions", dict(_OK, repetition_penalty=1.2), 400, "repetition_penalty", "not supported"),
+    ("/v1/completions", dict(_OK, n=65), 400, "n", "must be in [1, 64]"),
+    ("/v1/completions", dict(_OK, return_tokens_as_token_ids=1), 400, "return_tokens_as_token_ids",
+     "must be a boolean"),
+    ("/v1/load_lora_adapter", {"lora_name": "x"}, 400, "lora_path", "missing required field 'lora_path'"),
+    ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/no"}, 400, "lora_path", "does not exist"),
+    ("/v1/load_lora_adapter", {"lora_name": "tiny", "lora_path": "/x"}, 400, "lora_name", "base model's"),
+    ("/v1/unload_lora_adapter", {"lora_name": "never"}, 404, "lora_name", "is not loaded"),
     ("/v1/completions", dict(_OK, logprobs=3), 400, "logprobs", "only 0"),
     ("/v1/completions", dict(_OK, prompt="x" * 5000), 413, None, "exceeds the limit of 4096 bytes"),
     ("/v1/chat/completions", {"model": "tiny"}, 400, "messages", "missing required field 'messages'"),
@@ -458,3 +502,132 @@ def test_the_serve_config_sets_a_context_limit(tmp_path):
     assert server.context_limit == 32
   finally:
     server.close()
+
+
+# ---- streaming, token ids and log-probs, LoRA adapters -------------------------------------------
+
+
+def test_streamed_completions_and_chat_join_to_the_whole_answer_with_usage_last(client, server):
+  request = dict(
+    model="tiny", prompt=["The answer is", "x + y ="], n=N, max_tokens=MAX_TOKENS, seed=3, logprobs=0
+  )
+  whole = client.completions.create(**request)
+  chunks = list(client.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+  assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+  assert all(c.usage is None for c in chunks[:-1])
+  for want in whole.choices:
+    mine = [c.choices[0] for c in chunks[:-1] if c.choices[0].index == want.index]
+    assert "".join(c.text for c in mine) == want.text
+    assert [c.finish_reason for c in mine][-1] == want.finish_reason
+    assert {c.finish_reason for c in mine[:-1]} == {None}
+    streamed = [lp for c in mine if c.logprobs for lp in c.logprobs.token_logprobs]
+    assert streamed == want.logprobs.token_logprobs
+  chat = dict(model="tiny", messages=CHAT, n=N, max_tokens=MAX_TOKENS, seed=4, logprobs=True)
+  whole = client.chat.completions.create(**chat)
+  chunks = list(client.chat.completions.create(**chat, stream=True))
+  assert all(c.object == "chat.completion.chunk" and c.created > 0 for c in chunks)
+  for want in whole.choices:
+    mine = [c.choices[0] for c in chunks if c.choices[0].index == want.index]
+    assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == want.finish_reason
+    assert "".join(c.delta.content or "" for c in mine) == want.message.content
+    streamed = [t.logprob for c in mine if c.logprobs for t in c.logprobs.content]
+    assert streamed == [t.logprob for t in want.logprobs.content]
+  status, raw = _post_raw(server, "/v1/completions", dict(_OK, stream=True))
+  assert status == 200 and raw.startswith(b"data: {") and raw.endswith(b"\n\ndata: [DONE]\n\n")
+
+
+def test_text_pieces_join_to_the_text_and_cover_the_tokens(generator):
+  tokenizer = generator.tokenizer
+  for text in ("plain words here", "héllo wörld — ∑ 😀 ok", "日本語のテキスト"):
+    ids = tokenizer.encode(text)
+    pieces = text_pieces(tokenizer, ids, text)
+    assert "".join(p for p, _, _ in pieces) == text
+    assert [lo for _, lo, _ in pieces] == [0] + [hi for _, _, hi in pieces[:-1]] and pieces[-1][2] == len(ids)
+    assert "\ufffd" not in "".join(p for p, _, _ in pieces)
+  ids = tokenizer.encode("stop here please")
+  cut = text_pieces(tokenizer, ids, "stop he")  # a stop string cut inside a token
+  assert "".join(p for p, _, _ in cut) == "stop he" and cut[-1][2] == len(ids)
+
+
+def _score(generator, model, prompt_ids, completion_ids):
+  """lm.scoring's log-probs of the completion tokens: what a trainer computes for them."""
+  rows = 8  # the model's activations are sharded over the 8-device data axis
+  batch = scoring.pack_pairs([prompt_ids] * rows, [completion_ids] * rows)
+  per_token, _ = scoring.sequence_logprobs(model, {k: jnp.asarray(v) for k, v in batch.items()})
+  return np.asarray(per_token)[0][batch["completion_mask"][0] > 0]
+
+
+def _token_ids(tokens):
+  assert all(t.startswith("token_id:") for t in tokens)
+  return [int(t.removeprefix("token_id:")) for t in tokens]
+
+
+def test_token_ids_and_logprobs_are_the_samplers_and_match_scoring(client, generator):
+  prompt = "Claim: the form is correct."
+  response = client.completions.create(
+    model="tiny", prompt=prompt, n=N, max_tokens=MAX_TOKENS, seed=5, logprobs=0,
+    extra_body={"return_tokens_as_token_ids": True},
+  )  # fmt: skip
+  expected = generator.generate([prompt], n=N, params=GenerationParams(max_tokens=MAX_TOKENS, seed=5))[0]
+  prompt_ids = generator.encode(prompt, GenerationParams())
+  for choice, want in zip(response.choices, expected, strict=True):
+    ids = _token_ids(choice.logprobs.tokens)
+    assert ids == want.token_ids
+    scored = _score(generator, generator.sampler.model, prompt_ids, ids)
+    np.testing.assert_allclose(choice.logprobs.token_logprobs, scored, atol=2e-4)
+  chat = client.chat.completions.create(
+    model="tiny", messages=CHAT, n=N, max_tokens=MAX_TOKENS, seed=6, logprobs=True,
+    extra_body={"return_tokens_as_token_ids": True},
+  )  # fmt: skip
+  assert all(t.token.startswith("token_id:") for c in chat.choices for t in c.logprobs.content)
+
+
+def _peft_adapter(generator, directory, seed):
+  """A PEFT directory holding a random adapter with non-zero B (so it changes the model)."""
+  model = generator.sampler.model
+  config = lora.LoRAConfig(rank=4, alpha=8.0)
+  adapter = lora.init_adapters(model, config, ("role",), seed=seed)["role"]
+  rng = np.random.RandomState(seed)
+  for name, var in vars(adapter).items():
+    if isinstance(var, lora.LoRAParam) and name.endswith("_lora_b"):
+      var[...] = jnp.asarray(0.5 * rng.randn(*var.shape), var.dtype)
+  lora.save_peft(adapter, directory, rank=4, alpha=8.0, target_modules=config.targets, base_model_name="tiny")
+  return lora.with_adapter(model, lora.load_peft(directory, model.config))
+
+
+@pytest.mark.slow  # compiles the sampler for the adapted model
+@pytest.mark.integration
+def test_lora_adapters_load_by_name_change_only_their_model_and_reload_in_place(
+  client, server, generator, tmp_path
+):
+  prompt = "The answer is"
+  greedy = dict(prompt=prompt, n=N, max_tokens=MAX_TOKENS, temperature=0, logprobs=0,
+                extra_body={"return_tokens_as_token_ids": True})  # fmt: skip
+  base = client.completions.create(model="tiny", **greedy).choices[0]
+  adapted_model = _peft_adapter(generator, tmp_path / "one", seed=1)
+  status, raw = _post_raw(
+    server, "/v1/load_lora_adapter", {"lora_name": "role", "lora_path": str(tmp_path / "one")}
+  )
+  assert status == 200 and b"role" in raw
+  assert [m.id for m in client.models.list().data] == ["tiny", "role"]
+  assert client.models.list().data[1].parent == "tiny"
+  first = client.completions.create(model="role", **greedy).choices[0]
+  assert not np.allclose(first.logprobs.token_logprobs, base.logprobs.token_logprobs, atol=1e-3)
+  again = client.completions.create(model="tiny", **greedy).choices[0]
+  assert again.logprobs.tokens == base.logprobs.tokens
+  assert again.logprobs.token_logprobs == base.logprobs.token_logprobs
+  # The engine's log-probs are the trainer's for the adapted model (the RL engine-vs-trainer gap).
+  prompt_ids = generator.encode(prompt, GenerationParams())
+  scored = _score(generator, adapted_model, prompt_ids, _token_ids(first.logprobs.tokens))
+  np.testing.assert_allclose(first.logprobs.token_logprobs, scored, atol=2e-4)
+  reloaded_model = _peft_adapter(generator, tmp_path / "two", seed=2)
+  body = {"lora_name": "role", "lora_path": str(tmp_path / "two"), "load_inplace": True}
+  assert _post_raw(server, "/v1/load_lora_adapter", body)[0] == 200
+  second = client.completions.create(model="role", **greedy).choices[0]
+  assert not np.allclose(second.logprobs.token_logprobs, first.logprobs.token_logprobs, atol=1e-3)
+  scored = _score(generator, reloaded_model, prompt_ids, _token_ids(second.logprobs.tokens))
+  np.testing.assert_allclose(second.logprobs.token_logprobs, scored, atol=2e-4)
+  status, _ = _post_raw(server, "/v1/unload_lora_adapter", {"lora_name": "role"})
+  assert status == 200
+  with pytest.raises(openai.NotFoundError, match="'role' is not served here"):
+    client.completions.create(model="role", **greedy)
