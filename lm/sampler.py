@@ -13,9 +13,11 @@ losses and `lm.scoring` use.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -110,7 +112,14 @@ class SamplerConfig:
 
 
 class Sampler:
-  """Samples continuations of token-id prompts from a model (optionally sharded on a mesh)."""
+  """Samples continuations of token-id prompts from a model (optionally sharded on a mesh).
+
+  With a `mesh` (the sampling mesh: the training mesh or one of its own), `refresh` puts the
+  weights into the `sharding` layout on that mesh, by default `lm.sharding.DECODE_SHARDING`:
+  tensor parallel over the mesh's model axes (fsdp × tp), rows over data, as serving engines
+  decode. Wherever the model's own arrays live (any mesh, any layout), that is a copy of the
+  weights at 1 / (fsdp × tp) per device; decode then never gathers a weight (see docs/sampler.md).
+  """
 
   def __init__(
     self,
@@ -125,18 +134,23 @@ class Sampler:
     self.tokenizer = tokenizer
     self.mesh = mesh
     self.config = config
-    self.sharding = sharding or sharding_lib.ShardingConfig()
+    self.sharding = sharding or sharding_lib.DECODE_SHARDING
     self.pad_id = model.config.pad_token_id or 0
     self.refresh()
 
   def refresh(self) -> None:
     """Picks up new parameter values (e.g. after a training step) without recompiling."""
-    self._graphdef, self._state = nnx.split(self.model)
+    model = self.model
+    if self.mesh is None:
+      self._graphdef, self._state = nnx.split(model)
+    else:
+      self._graphdef, self._state = sampling_split(model, self.mesh, self.sharding)
+      model = nnx.merge(self._graphdef, self._state)
     # The output projection as a separate [D, V] buffer: XLA:CPU's Eigen dot runs the skinny
     # decode-step product ~4x faster in this layout than against the vocabulary-major [V, D]
     # matrix (7.0 vs 29.8 ms at [8, 512] x [512, 32000]; inside one jit a transpose would be
     # folded back into the dot). Costs one extra copy.
-    self._head_dv = _transpose(self.model.output_weight_vd())
+    self._head_dv = _transpose(model.output_weight_vd())
     # On CPU, each layer's weights as their own buffers with q/k/v and gate/up fused
     # (`lm.model.fuse_projections`): prepared here once per parameter update, so no call slices or
     # concatenates weights. Costs a copy of the layer weights; accelerators, sharded models and
@@ -236,8 +250,10 @@ class Sampler:
     """The programs for this chunk's shapes, their padded inputs on the mesh, and the prompt count."""
     num = len(prompts)
     batch_multiple = 1
-    if self.mesh is not None:
-      batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
+    if self.mesh is not None:  # rows split over the layout's batch axes
+      axes = self.sharding.tokens_bt[0]
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      batch_multiple = math.prod(self.mesh.shape[a] for a in axes)
     rows = round_up(pow2_bucket(num, self.config.min_rows), batch_multiple)
     longest = max(len(p) for p in prompts)
     if self.config.prompt_bucket_multiple > 0:
@@ -319,6 +335,30 @@ class Sampler:
       else:
         placed[k] = jax.device_put(v, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
     return placed
+
+
+def sampling_split(
+  model: Qwen, mesh: jax.sharding.Mesh, config: sharding_lib.ShardingConfig = sharding_lib.DECODE_SHARDING
+) -> tuple[nnx.GraphDef, nnx.State]:
+  """`nnx.split` of `model` as the sampler runs it on `mesh` in `config`'s layout: the residual
+  stream pinned to `config.act_btd` there, and every array put onto its sharding (`jax.device_put`:
+  a no-op for arrays already there, a copy for the rest; abstract `jax.ShapeDtypeStruct`s, as
+  `lm.plan` compiles, get the sharding). Parameters get their named axes' specs; anything else (a
+  LoRA adapter's factors, rank-sized) is replicated."""
+  view = copy.copy(model)
+  view.activation_sharding = model_lib.ActivationSharding(jax.sharding.NamedSharding(mesh, config.act_btd))
+  graphdef, state = nnx.split(view)
+  shardings = sharding_lib.param_shardings(model, mesh, config)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def put(path, x):
+    name = ".".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+    target = shardings.get(name, replicated)
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=target)
+    return jax.device_put(x, target)
+
+  return graphdef, jax.tree_util.tree_map_with_path(put, state)
 
 
 _transpose = jax.jit(lambda w: w.T)
@@ -624,6 +664,57 @@ class _Programs:
       return self.decode(state, head_dv, layer_weights, tokens, mask, **settings)
     cache, last_logits = self.prefill(state, head_dv, layer_weights, tokens, mask)
     return self.decode(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4}
+_DTYPE_BYTES |= {"u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def gathered_bytes(hlo_text: str) -> dict[str, int]:
+  """Bytes that a compiled program's all-gathers produce (per device), by where they run: "outside"
+  loops (once per call, held through the loops that read them: a weight gathered there is a whole
+  copy on every device for the program's length) and "inside" a while loop (each iteration).
+
+  `hlo_text` is `jax.jit(f).lower(...).compile().as_text()`; see docs/sampler.md for the decode
+  program's figures."""
+  comps: dict[str, list[str]] = {}
+  entry, name = None, None
+  for line in hlo_text.splitlines():
+    header = re.match(r"^(ENTRY )?%([^\s(]+) ", line)
+    if header and line.rstrip().endswith("{"):
+      name = header.group(2)
+      comps[name] = []
+      entry = name if header.group(1) else entry
+    elif name is not None:
+      comps[name].append(line)
+  refs = re.compile(r"(body|condition|calls|to_apply|branch_computations|\w+_computation)=")
+
+  def reachable(roots: list[str], through_loops: bool) -> set[str]:
+    seen, todo = set(), list(roots)
+    while todo:
+      c = todo.pop()
+      if c in seen or c not in comps:
+        continue
+      seen.add(c)
+      for line in comps[c]:
+        for m in refs.finditer(line):
+          if m.group(1) in ("body", "condition") and not through_loops:
+            continue
+          todo += re.findall(r"%([^\s,}]+)", line[m.end() :].split("metadata=")[0])[:8]
+    return seen
+
+  bodies = [b for lines in comps.values() for line in lines for b in re.findall(r"body=%([^\s,]+)", line)]
+  inside = reachable(bodies, True)
+  outside = reachable([entry], False) - inside
+  out = {"outside": 0, "inside": 0}
+  for where, names in (("outside", outside), ("inside", inside)):
+    for c in names:
+      for line in comps[c]:
+        m = re.search(r" = (.*?) all-gather(-start)?\(", line)
+        if m:  # an async start's result is (operand, result): the last shape is the gathered one
+          dtype, dims = re.findall(r"([a-z]+[0-9]*)\[([0-9,]*)\]", m.group(1))[-1]
+          out[where] += math.prod(int(d) for d in dims.split(",") if d) * _DTYPE_BYTES.get(dtype, 4)
+  return out
 
 
 def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:

@@ -127,7 +127,7 @@ class ShardingConfig:
     tokens_bt: token ids and masks [B, T].
   """
 
-  weight_axis_rules: tuple[tuple[str, str], ...] = tuple(_WEIGHT_AXIS_RULES.items())
+  weight_axis_rules: tuple[tuple[str, str | tuple[str, ...]], ...] = tuple(_WEIGHT_AXIS_RULES.items())
   act_btd: P = P(BATCH_AXES, None, None)
   act_btv: P = P(BATCH_AXES, None, "tp")
   cache_bksh: P = P(BATCH_AXES, "tp", None, None)
@@ -137,6 +137,21 @@ class ShardingConfig:
     """The PartitionSpec of a weight whose dimensions are the named axes (e.g. ("L","D","N","H"))."""
     rules = dict(self.weight_axis_rules)
     return P(*(rules.get(a) for a in axes))
+
+
+# The sampler's layout (`lm.sampler.Sampler`): tensor parallel over every model axis, as serving
+# engines decode. Weights split over fsdp × tp along the head / MLP / vocabulary axes and never
+# along D, so a decode step multiplies by each device's own shard of every weight and exchanges
+# activations only; rows split over data alone. Under the training layout (D over fsdp) XLA gathers
+# every weight whole before the decode loop, and each device holds the full model while decoding.
+MODEL_AXES = ("fsdp", "tp")
+DECODE_SHARDING = ShardingConfig(
+  weight_axis_rules=tuple((a, MODEL_AXES) for a in ("F", "N", "K", "V")),
+  act_btd=P("data", None, None),
+  act_btv=P("data", None, MODEL_AXES),
+  cache_bksh=P("data", MODEL_AXES, None, None),
+  tokens_bt=P("data", None),
+)
 
 
 def fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
