@@ -98,3 +98,30 @@ def test_load_peft_names_what_it_cannot_load(setup, tmp_path):
     lora.load_peft(tmp_path, model.config)
   with pytest.raises(ValueError, match="does not exist"):
     lora.load_peft(tmp_path / "nowhere", model.config)
+
+
+@pytest.mark.slow
+def test_the_peft_library_loads_our_directory_and_we_load_its_save(setup, tmp_path):
+  """Against HF peft itself, where installed (not in the test extras; docs/serving.md says how)."""
+  peft = pytest.importorskip("peft")
+  model, adapter = setup
+  lm.save_hf(model, tmp_path / "base")
+  _save(adapter, tmp_path / "ours")
+  tokens = torch.tensor(np.asarray(TOKENS))
+  base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+  with torch.no_grad():
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "ours").eval()(tokens).logits.numpy()
+  ours = jax.jit(lambda m, t: m(t))(lora.with_adapter(model, adapter), TOKENS)
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=2e-4)
+  modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+  config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=modules, lora_dropout=0.0)
+  fresh = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"), config)
+  with torch.no_grad():
+    for name, param in fresh.named_parameters():
+      if "lora_B" in name:
+        param.copy_(0.05 * torch.randn_like(param))
+    fresh.save_pretrained(tmp_path / "theirs")
+    theirs = fresh.eval()(tokens).logits.numpy()
+  loaded = lora.load_peft(tmp_path / "theirs", model.config)
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda m, t: m(t))(lora.with_adapter(model, loaded), TOKENS)),
+                             theirs, atol=2e-4)  # fmt: skip
