@@ -253,7 +253,10 @@ def _scoring_lines(evals: dict[str, dict[int, dict]], config: config_lib.Experim
 
 
 def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[str]) -> dict[str, Any]:
-  """Writes report.md, report.json and figures/ for the runs of `methods` under `workdir`."""
+  """Writes report.md, report.json and figures/ for the runs of `methods` under `workdir`; on a
+  process other than the writer (several hosts: `lm.rundir.is_writer`) writes nothing, returns {}."""
+  if not rundir.is_writer():
+    return {}
   figure_dir = os.path.join(workdir, "figures")
   lines = "all 19" if config.rollout.lines == taxcalc.LINE_IDS else ", ".join(config.rollout.lines)
   evals = {m: _evals(os.path.join(workdir, m)) for m in methods}

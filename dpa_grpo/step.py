@@ -23,6 +23,7 @@ import optax
 from dpa_grpo import config as config_lib
 from dpa_grpo import losses
 from dpa_grpo.policies import Policies
+from lm import sharding
 
 
 def optimizer(optim: config_lib.OptimConfig, steps: int) -> optax.GradientTransformation:
@@ -134,7 +135,7 @@ def apply(trainable, opt_state, grads, *, tx):
 def fetch_metrics(chunk_metrics: Sequence[tuple[str, jax.Array, dict[str, jax.Array]]]) -> dict[str, float]:
   """`role/loss` and `role/<metric>` summed over the step's chunks of (role, loss, metrics): one
   host transfer, then Python float sums in chunk order."""
-  fetched = jax.device_get(list(chunk_metrics))
+  fetched = sharding.to_host(list(chunk_metrics))
   out: dict[str, float] = {}
   for role, loss, metrics in fetched:
     for key, value in {"loss": loss, **metrics}.items():

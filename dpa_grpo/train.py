@@ -341,7 +341,7 @@ class Trainer:
 
 def _drop_after(path: str, step: int) -> None:
   """Rewrites a JSONL log without the records of steps after `step` (written by a killed run)."""
-  if not os.path.exists(path):
+  if not os.path.exists(path) or not rundir.is_writer():
     return
   kept = [r for r in rundir.read_jsonl(path) if r.get("step", -1) <= step]
   rundir.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
@@ -353,11 +353,14 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
   c = config.train
   start = trainer.restore()
   steps = 0 if config.method == "zero_shot" else c.steps
-  writer = _summary_writer(os.path.join(workdir, "tb"), max(start + 1, 0))
+  # One process writes the run directory (lm.rundir.is_writer): metrics, records, events, summary.
+  writer = _summary_writer(os.path.join(workdir, "tb"), max(start + 1, 0)) if rundir.is_writer() else None
   metrics_path = os.path.join(workdir, "metrics.jsonl")
 
   def log(entry: dict[str, Any]) -> None:
     rundir.append_jsonl(metrics_path, [entry])
+    if writer is None:
+      return
     for name, value in scalars("", {k: v for k, v in entry.items() if k != "step"}).items():
       writer.add_scalar(name.lstrip("/"), value, entry["step"])
     writer.flush()
@@ -399,7 +402,8 @@ def run(config: config_lib.ExperimentConfig, workdir: str) -> dict[str, Any]:
   if c.export_hf and trainer.state["best_step"] is not None:
     export(trainer, trainer.state["best_step"], os.path.join(workdir, "export"))
   trainer.checkpoints.close()
-  writer.close()
+  if writer is not None:
+    writer.close()
   return summary
 
 
@@ -416,7 +420,8 @@ def _summarize(trainer: Trainer, workdir: str) -> dict[str, Any]:
     "after": by_step.get(s["best_step"]),
     "last_step": max(by_step) if by_step else None,
   }
-  rundir.write_json(os.path.join(workdir, "summary.json"), summary)
+  if rundir.is_writer():
+    rundir.write_json(os.path.join(workdir, "summary.json"), summary)
   return summary
 
 
@@ -426,5 +431,6 @@ def export(trainer: Trainer, step: int, directory: str) -> None:
   restored, _ = trainer.checkpoints.restore(step, target)
   for role in trainer.roles:
     model = trainer.policies.policy(restored["params"], trainer.frozen, role)
-    lora.export_hf(model, os.path.join(directory, role))
-    trainer.tokenizer.hf.save_pretrained(os.path.join(directory, role))
+    lora.export_hf(model, os.path.join(directory, role))  # every process gathers, one writes
+    if rundir.is_writer():
+      trainer.tokenizer.hf.save_pretrained(os.path.join(directory, role))

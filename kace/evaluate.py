@@ -156,7 +156,8 @@ def domains_of_run(
 def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]]:
   """Evaluates every method of `config.methods` into `workdir`; returns the metrics per method."""
   config = resolve(config)
-  rundir.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
+  if rundir.is_writer():  # several hosts: process 0 writes the run directory (docs/multihost.md)
+    rundir.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
   options = config.method_options()
   built = [methods.build(name, options) for name in config.methods]
   with config.grader.grader() as grader:
@@ -407,6 +408,8 @@ def report(
     m.update(bon_at_equal_calls=bon, vs_bon=None if bon is None else m["accuracy"] - bon)
   if CURVE in metrics:
     metrics[CURVE]["curve"] = curve
+  if not rundir.is_writer():  # several hosts: process 0 writes the report (docs/multihost.md)
+    return metrics
   rundir.write_json(os.path.join(workdir, "metrics.json"), metrics)
   table = results_table(
     metrics,

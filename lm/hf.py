@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -300,6 +301,9 @@ def save_hf(
     dtype: tensor dtype on disk; defaults to the parameters' dtype.
     max_shard_bytes: larger checkpoints are split into `model-0000k-of-0000n.safetensors` files
       with a `model.safetensors.index.json`, as transformers writes them.
+
+  On several hosts every process calls it (each weight is gathered from all of them); process 0
+  writes the files, and every process returns once they are written.
   """
   path = os.fspath(path)
   os.makedirs(path, exist_ok=True)
@@ -309,10 +313,19 @@ def save_hf(
   for m in _mappings(config):
     value = _get_path(model, m.path)
     np_dtype = _DTYPES[dtype] if dtype else value.dtype
-    host = np.asarray(jax.device_get(value))
+    host = np.asarray(sharding_lib.to_host(value))
     layers = [host[i] for i in range(config.num_layers)] if m.per_layer else [host]
     for name, layer_value in zip(_hf_names(m, config), layers, strict=True):
       tensors[name] = np.ascontiguousarray(m.to_hf(layer_value, sizes)).astype(np_dtype)
+  if rundir.is_writer():
+    _write_files(config, tensors, path, max_shard_bytes)
+  if jax.process_count() > 1:  # the others read these files only once they are complete
+    multihost_utils.sync_global_devices(f"save_hf {path}")
+
+
+def _write_files(
+  config: ModelConfig, tensors: dict[str, np.ndarray], path: str, max_shard_bytes: int
+) -> None:
   dtype_name = {np.dtype(v): k for k, v in _DTYPES.items()}[np.dtype(next(iter(tensors.values())).dtype)]
   _write_shards(tensors, path, max_shard_bytes)
   rundir.write_json(os.path.join(path, "config.json"), config.to_hf_dict(dtype_name))

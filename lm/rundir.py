@@ -4,6 +4,11 @@ Every run directory in this project (KACE evaluations and tree builds, DPA-GRPO 
 runs, sweeps) is written through these helpers so that a process killed at any instant leaves
 either the old or the new version of a file, never a torn one, and a resumed run can trust what
 it reads back.
+
+On several hosts (docs/multihost.md) one process writes the run directory's logs: `append_jsonl` and
+`repair_jsonl` do nothing on the others (`is_writer`), and callers write reports, plots and exports
+only `if rundir.is_writer()`. Files a process reads back after writing them (a fitted tokenizer, a
+cached build) are written by every process, atomically, with identical contents.
 """
 
 from __future__ import annotations
@@ -13,9 +18,19 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+
+def is_writer() -> bool:
+  """Whether this process writes run-directory files: JAX's process 0, or any process that has not
+  started JAX's multi-host runtime (one host, a spawned worker). Imports nothing."""
+  jax = sys.modules.get("jax")
+  if jax is None or not jax.distributed.is_initialized():
+    return True
+  return jax.process_index() == 0
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -86,7 +101,7 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> 
   line, which `read_jsonl` drops (and `repair_jsonl` truncates) instead of failing.
   """
   lines = "".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n" for r in records)
-  if not lines:
+  if not lines or not is_writer():
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "a", encoding="utf-8") as f:
@@ -114,7 +129,7 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
 def repair_jsonl(path: str | os.PathLike) -> int:
   """Truncates a torn final line so later appends start on a fresh line. Returns bytes removed."""
-  if not os.path.exists(path):
+  if not os.path.exists(path) or not is_writer():
     return 0
   with open(path, "rb+") as f:
     data = f.read()
@@ -183,7 +198,7 @@ def prepare_workdir(
         f"(only {', '.join(safe_keys)} may change on a rerun). Use a new --workdir, or allow "
         "config changes to resume this run under the new config."
       )
-    if unsafe:
+    if unsafe and is_writer():
       kept = _next_free(workdir)
       with open(path, "rb") as f:
         atomic_write_bytes(kept, f.read())
@@ -193,7 +208,8 @@ def prepare_workdir(
         ", ".join(unsafe),
         kept,
       )
-  write_json(path, as_dict)
+  if is_writer():
+    write_json(path, as_dict)
   return workdir
 
 

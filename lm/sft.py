@@ -21,7 +21,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from lm import scoring
+from lm import scoring, sharding
 from lm.model import Qwen
 from lm.shapes import round_up
 
@@ -172,7 +172,7 @@ def train_sft(
     )
     params, opt_state, metrics = step(params, opt_state, {k: jnp.asarray(v) for k, v in packed.items()})
     if (i + 1) % config.log_every == 0 or i + 1 == config.steps:
-      entry = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      entry = {k: float(v) for k, v in sharding.to_host(metrics).items()}
       entry.update(step=i + 1, lr=float(schedule(i)), seconds=time.perf_counter() - start)
       history.append(entry)
       _log.info("sft step %d loss %.4f", i + 1, entry["loss"])
