@@ -423,15 +423,10 @@ class OpenAIServer:
     if not path:
       raise ApiError(400, "missing required field 'lora_path' (a PEFT LoRA directory)", param="lora_path")
     _field(body, "load_inplace", bool, None)  # vLLM's switch to replace; this server always replaces
-    with self._adapters_lock:
-      if name not in self._adapters and len(self._adapters) >= self.config.max_loras:
-        raise ApiError(
-          400,
-          f"{len(self._adapters)} adapters are loaded, the limit (max_loras); unload one first",
-          param="lora_name",
-        )
+    self._check_room(name)  # before the work of loading, and again (under the lock) after it
     generator = await asyncio.get_running_loop().run_in_executor(None, self._adapter_generator, path)
     with self._adapters_lock:
+      self._check_room(name)
       replaced = name in self._adapters
       self._adapters[name] = (path, generator)
     logging.info("%s LoRA adapter %r from %s", "replaced" if replaced else "loaded", name, path)
@@ -444,6 +439,15 @@ class OpenAIServer:
       if self._adapters.pop(name, None) is None:
         raise ApiError(404, f"the LoRA adapter {name!r} is not loaded", param="lora_name")
     return f"Success: LoRA adapter '{name}' removed successfully."
+
+  def _check_room(self, name: str) -> None:
+    """A new name beyond `max_loras` loaded adapters is a 400 (replacing a loaded one is not)."""
+    if name not in self._adapters and len(self._adapters) >= self.config.max_loras:
+      raise ApiError(
+        400,
+        f"{len(self._adapters)} adapters are loaded, the limit (max_loras); unload one first",
+        param="lora_name",
+      )
 
   def _adapter_name(self, body: dict[str, Any]) -> str:
     name = _field(body, "lora_name", str, None)

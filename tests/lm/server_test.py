@@ -402,6 +402,7 @@ def strict_server(generator):
     default_max_tokens=MAX_TOKENS,
     max_request_tokens=64,
     max_context_tokens=24,
+    max_loras=1,
     header_timeout_s=0.5,
     body_timeout_s=0.5,
   )
@@ -631,3 +632,21 @@ def test_lora_adapters_load_by_name_change_only_their_model_and_reload_in_place(
   assert status == 200
   with pytest.raises(openai.NotFoundError, match="'role' is not served here"):
     client.completions.create(model="role", **greedy)
+
+
+def test_adapters_beyond_max_loras_are_refused_but_a_loaded_name_is_replaced(
+  strict_server, generator, tmp_path
+):
+  _peft_adapter(generator, tmp_path, seed=1)
+
+  def load(name):
+    return _post_raw(strict_server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(tmp_path)})
+
+  assert load("a") == (200, b"Success: LoRA adapter 'a' added successfully.")
+  status, raw = load("b")
+  error = json.loads(raw)["error"]
+  assert status == 400 and error["param"] == "lora_name" and "max_loras" in error["message"]
+  assert load("a")[0] == 200
+  status, body = _get(strict_server, "/v1/models", key=None)
+  assert [(m["id"], m["max_model_len"]) for m in body["data"]] == [("tiny", 24), ("a", 24)]
+  assert _post_raw(strict_server, "/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 200
