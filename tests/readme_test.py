@@ -25,8 +25,9 @@ COMMANDS = {
   "python -m launch.kace_eval --workdir=runs/kace_cpu":
     "tests/kace/evaluate_test.py::test_a_killed_run_resumes_without_solving_anything_twice",
   "python -m launch.kace_eval --config=configs/kace.py:qwen3_4b --workdir=runs/math "
-  "--config.roles.solver.checkpoint=/models/Qwen3-4B --config.data.source=/data/MATH":
-    "not CPU: a Qwen3-4B checkpoint and the MATH data",
+  "--config.roles.solver.checkpoint=/models/Qwen3-4B --config.roles.teacher.checkpoint=/models/Qwen3-32B "
+  "--config.roles.curator.checkpoint=/models/Qwen3-32B --config.data.source=/data/MATH":
+    "not CPU: Qwen3-4B and Qwen3-32B checkpoints and the MATH data",
   "python -m launch.kace_eval --config=configs/kace.py:openai --workdir=runs/aime "
   "--config.roles.solver.base_url=http://localhost:8000/v1 --config.data.source=/data/aime2025.jsonl":
     "not CPU: an OpenAI-compatible server with Qwen3-4B (the server itself: test_serve_tiny_...)",
