@@ -314,3 +314,19 @@ def _testbed(c: ml_collections.ConfigDict) -> None:
   c.lora.update(rank=8, alpha=16.0)
   c.loss.vocab_chunk = 512
   c.train.update(steps=15, eval_every=5, patience=100, checkpoint_every=5, pairs_per_chunk=32)
+
+
+_HF_IDS = {"qwen3_4b": "Qwen/Qwen3-4B", "qwen3_8b": "Qwen/Qwen3-8B"}
+
+
+def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str, str]:
+  """{config field: Hugging Face model id} of the real weights a paper preset runs on; the
+  launchers refuse such a preset while the field is empty (launch/common.py)."""
+  del config
+  size, _ = parse_preset(preset or "cpu")
+  return {"model.checkpoint": _HF_IDS[size]} if size in _HF_IDS else {}
+
+
+def random_init(preset: str, config: ml_collections.ConfigDict) -> bool:
+  """Whether the preset starts from a small randomly initialised model (said in the first line)."""
+  return parse_preset(preset or "cpu")[0] in ("cpu", "tiny", "testbed") and not config.model.checkpoint

@@ -263,3 +263,21 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   else:
     raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, qwen3_4b, openai)")
   return c
+
+
+def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str, str]:
+  """{config field: Hugging Face model id} of the real weights a paper preset's local roles run
+  on; the launchers refuse such a preset while a field is empty (launch/common.py)."""
+  if preset != "qwen3_4b":
+    return {}
+  ids = {"solver": "Qwen/Qwen3-4B", "teacher": "Qwen/Qwen3-32B", "curator": "Qwen/Qwen3-32B"}
+  return {
+    f"roles.{role}.checkpoint": hf_id
+    for role, hf_id in ids.items()
+    if config.roles[role] is not None and config.roles[role].kind == "jax"
+  }
+
+
+def random_init(preset: str, config: ml_collections.ConfigDict) -> bool:
+  """Whether the preset's solver is a small model trained here from random weights (said first)."""
+  return (preset or "cpu") in ("cpu", "testbed") and not config.roles.solver.checkpoint

@@ -11,6 +11,7 @@ directory records (`config.json`). Library functions take the section they read 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -371,6 +372,22 @@ class KaceConfig:
       raise ValueError("config.domains must name at least one domain")
     if self.fallback_domain and self.fallback_domain not in self.domains:
       raise ValueError(f"config.fallback_domain {self.fallback_domain!r} is not in {self.domains}")
+    from kace import methods as methods_lib  # here: kace.methods imports this module
+
+    for where, names in (("methods", self.methods), ("table.methods", self.table.methods)):
+      unknown = [m for m in names if m not in methods_lib.METHODS]
+      if unknown:
+        close = difflib.get_close_matches(unknown[0], methods_lib.METHODS, n=1)
+        raise ValueError(
+          f"config.{where}: unknown method(s) {unknown}"
+          + (f"; did you mean {close[0]}?" if close else "")
+          + f" (registered: {', '.join(methods_lib.METHODS)})"
+        )
+    unknown = [b for b in self.table.benchmarks if b not in self.benchmarks]
+    if unknown:
+      raise ValueError(
+        f"config.table.benchmarks: {unknown} not in config.benchmarks ({', '.join(self.benchmarks)})"
+      )
 
   @classmethod
   def from_dict(cls, config: Mapping[str, Any]) -> KaceConfig:

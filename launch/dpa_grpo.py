@@ -10,25 +10,26 @@ docs/dpa_grpo.md.
       --config.model.checkpoint=/models/Qwen3-4B --config.data.root=.../ty24/test_data
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from dpa_grpo import reproduce
 from dpa_grpo.config import ExperimentConfig
 from launch import common
 from lm import sharding
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py", lock_config=True)
+_CONFIG = common.define_config("config", "configs/dpa_grpo.py")
 
 
 def main(argv):
   del argv
+  config = common.typed(_CONFIG, lambda c: ExperimentConfig.from_dict(c.to_dict()))  # typed once, here
   sharding.initialize_distributed()
-  config = ExperimentConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
   workdir = common.prepare_workdir(config)
   reproduce.run(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main)
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  run()

@@ -12,30 +12,39 @@ which. A finished arm / seed is not rerun; a rerun with another config stops unl
 
 import os
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
 from dpa_grpo import testbed
 from dpa_grpo.config import ExperimentConfig
 from launch import common
 from lm import sharding
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/dpa_grpo.py:testbed", lock_config=True)
+_CONFIG = common.define_config("config", "configs/dpa_grpo.py:testbed")
 _ARMS = flags.DEFINE_list("arms", list(testbed.ARMS), f"Arms to run, of {list(testbed.ARMS)}.")
 _SEEDS = flags.DEFINE_list("seeds", [str(s) for s in testbed.SEEDS], "Seeds of every arm.")
 
 
 def main(argv):
   del argv
+  config = common.typed(_CONFIG, lambda c: ExperimentConfig.from_dict(c.to_dict()))  # typed once, here
+  unknown = sorted(set(_ARMS.value) - set(testbed.ARMS))
+  if unknown:
+    common.fail(f"--arms: unknown arm(s) {unknown}; arms are {list(testbed.ARMS)}")
+  try:
+    arms, seeds = tuple(_ARMS.value), tuple(int(s) for s in _SEEDS.value)
+  except ValueError:
+    common.fail(f"--seeds must be integers, got {_SEEDS.value}")
   sharding.initialize_distributed()
-  config = ExperimentConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
-  arms, seeds = tuple(_ARMS.value), tuple(int(s) for s in _SEEDS.value)
   workdir = common.WORKDIR.value
   testbed.run(config, workdir, arms=arms, seeds=seeds, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
   with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
     print(f.read())
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main)
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  run()

@@ -6,24 +6,25 @@ python -m launch.kace_eval --workdir=/tmp/kace_eval --config.learn.dir=/tmp/kace
     --config.kace.tree=/tmp/kace_build/kace/tree.json
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from kace import config as kace_config
 from kace import pipeline
 from launch import common
 from lm import sharding
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py", lock_config=True)
+_CONFIG = common.define_config("config", "configs/kace.py")
 
 
 def main(_):
+  config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
   sharding.initialize_distributed()
-  config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
   workdir = common.prepare_workdir(config)
   pipeline.build(config, workdir)
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main)
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  run()

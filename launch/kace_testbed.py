@@ -9,21 +9,20 @@ A solver that fails a gate stops the run (GateError) before any comparison: gate
 the solve rate with each card alone), nothing else (a solver build).
 """
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
 from kace import config as kace_config
 from kace import pipeline
 from launch import common
 from lm import sharding
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/kace.py:testbed", lock_config=True)
+_CONFIG = common.define_config("config", "configs/kace.py:testbed")
 _GATES_ONLY = flags.DEFINE_bool("gates_only", False, "only build the solver; measure its gates and card map")
 
 
 def main(_):
+  config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
   sharding.initialize_distributed()
-  config = kace_config.KaceConfig.from_dict(_CONFIG.value)  # typed once, here
   path = pipeline.run_testbed(
     common.WORKDIR.value,
     config,
@@ -34,6 +33,10 @@ def main(_):
     print(f.read())
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main)
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  run()

@@ -24,31 +24,43 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
-from dpa_grpo import plots, testbed
-from dpa_grpo.config import ExperimentConfig
-from dpa_grpo.theory_config import TheoryConfig
-from kace import config as kace_config
-from kace import pipeline
 from launch import common
-from lm import machine, rundir, sharding
-from lm.gates import GateError
+from lm import progress, rundir
+
+# The libraries (jax and both papers) are imported in main(), after the plan is printed: importing
+# them takes 5-10 s on 2 cores.
 
 PARTS = ("dpa_grpo", "kace")
-_DPA = config_flags.DEFINE_config_file("dpa_config", "configs/dpa_grpo.py:testbed", lock_config=True)
-_KACE = config_flags.DEFINE_config_file("kace_config", "configs/kace.py:testbed", lock_config=True)
-_THEORY = config_flags.DEFINE_config_file("theory_config", "configs/theory.py", lock_config=True)
+_DPA = common.define_config("dpa_config", "configs/dpa_grpo.py:testbed")
+_KACE = common.define_config("kace_config", "configs/kace.py:testbed")
+_THEORY = common.define_config("theory_config", "configs/theory.py")
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {list(PARTS)}.")
+
+# What each part does and how long it takes on a 2-core CPU machine (README.md, 2026-12-01: the
+# whole job 50.6 min from empty caches, 2-core AMD EPYC with AVX2, load 2-5).
+PLAN = {
+  "dpa_grpo": (
+    "theory figures; warm start (built once into ~/.cache/dpa_grpo/, a few minutes); step-0 "
+    "gates; four arms x three seeds; the report",
+    "about 14 min with the warm start built from scratch",
+  ),
+  "kace": (
+    "solver build (once into ~/.cache/kace/, 11-17 min); solver gates; every method x three "
+    "seeds (worker processes); the report",
+    "about 17 min with the solver cached, 28-34 min building it",
+  ),
+}
 
 _DIRS = {"dpa_grpo": "dpa_testbed", "kace": "kace_testbed"}
 _TITLES = {"dpa_grpo": "DPA-GRPO: the copy-and-check testbed", "kace": "KACE: the latent-convention testbed"}
 
 
-def _run_dpa(workdir: str, allow_config_change: bool) -> str:
-  config = ExperimentConfig.from_dict(_DPA.value.to_dict())
-  theory = TheoryConfig.from_dict(_THEORY.value.to_dict())
+def _run_dpa(workdir: str, configs: dict, allow_config_change: bool) -> str:
+  from dpa_grpo import plots, testbed
+
+  config, theory = configs["dpa_grpo"], configs["theory"]
   theory_dir = os.path.join(workdir, "theory")  # first: the testbed's report draws what it finds there
   rundir.prepare_workdir(theory_dir, theory, allow_changes=allow_config_change)
   if not os.path.exists(os.path.join(theory_dir, "theory.json")):  # written last by run_theory
@@ -57,9 +69,25 @@ def _run_dpa(workdir: str, allow_config_change: bool) -> str:
   return os.path.join(workdir, "report.md")
 
 
-def _run_kace(workdir: str, allow_config_change: bool) -> str:
-  config = kace_config.KaceConfig.from_dict(_KACE.value)
-  return pipeline.run_testbed(workdir, config, allow_config_change=allow_config_change)
+def _run_kace(workdir: str, configs: dict, allow_config_change: bool) -> str:
+  from kace import pipeline
+
+  return pipeline.run_testbed(workdir, configs["kace"], allow_config_change=allow_config_change)
+
+
+def _typed_configs(parts: list[str]) -> dict:
+  """Every part's typed config, checked before any part runs (one line and exit 2 on a bad one)."""
+  from dpa_grpo.config import ExperimentConfig
+  from dpa_grpo.theory_config import TheoryConfig
+  from kace import config as kace_config
+
+  configs = {}
+  if "dpa_grpo" in parts:
+    configs["dpa_grpo"] = common.typed(_DPA, lambda c: ExperimentConfig.from_dict(c.to_dict()))
+    configs["theory"] = common.typed(_THEORY, lambda c: TheoryConfig.from_dict(c.to_dict()))
+  if "kace" in parts:
+    configs["kace"] = common.typed(_KACE, kace_config.KaceConfig.from_dict)
+  return configs
 
 
 _RUNNERS = {"dpa_grpo": _run_dpa, "kace": _run_kace}
@@ -89,6 +117,8 @@ def embed_report(text: str, subdir: str) -> str:
 def write_report(workdir: str, parts: dict[str, dict], commit: str) -> str:
   """`workdir/report.md` from each part's record (status, minutes, report path); `commit`: the
   code's, read when the job started (the checkout may move while it runs)."""
+  from lm import machine
+
   lines = [
     "# The main job: both papers' CPU testbeds",
     "",
@@ -111,20 +141,38 @@ def write_report(workdir: str, parts: dict[str, dict], commit: str) -> str:
   return path
 
 
+def print_plan(workdir: str, parts: list[str]) -> None:
+  """The job's plan, first thing: each part, what it builds, how long it takes on 2 cores."""
+  progress.say(f"main job into {workdir}: {len(parts)} part(s), then report.md (times: 2-core CPU)")
+  for i, part in enumerate(parts, 1):
+    does, expected = PLAN[part]
+    progress.say(f"  {i}. {_TITLES[part]} -> {_DIRS[part]}/: {does}; {expected}")
+  progress.say("  a progress line at least every 30 s; --verbosity=0 shows the INFO log")
+
+
 def main(argv):
   del argv
-  sharding.initialize_distributed()
   unknown = sorted(set(_PARTS.value) - set(PARTS))
   if unknown:
-    raise app.UsageError(f"--parts: unknown part(s) {unknown}; parts are {list(PARTS)}")
+    common.fail(f"--parts: unknown part(s) {unknown}; parts are {list(PARTS)}")
+  selected = [p for p in PARTS if p in _PARTS.value]
   workdir = common.WORKDIR.value
+  print_plan(workdir, selected)
+  configs = _typed_configs(selected)  # every check before any part runs
+
+  from lm import sharding
+  from lm.gates import GateError
+
+  sharding.initialize_distributed()
   os.makedirs(workdir, exist_ok=True)
   parts, failed, commit = {}, [], _commit()
-  for part in (p for p in PARTS if p in _PARTS.value):
+  for part in selected:
     sub = os.path.join(workdir, _DIRS[part])
     start = time.monotonic()
     try:
-      report, status = _RUNNERS[part](sub, common.ALLOW_CONFIG_CHANGE.value), "done"
+      with progress.phase(_TITLES[part], PLAN[part][1]):
+        report = _RUNNERS[part](sub, configs, common.ALLOW_CONFIG_CHANGE.value)
+      status = "done"
     except GateError as e:  # the other part still runs; the job exits non-zero at the end
       logging.error("%s stopped at its gates: %s", part, e)
       report, status = os.path.join(sub, "report.md"), f"stopped at its gates ({e})"
@@ -137,6 +185,10 @@ def main(argv):
     sys.exit(f"GateError: {', '.join(failed)} stopped at the gates; see {path}")
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main)
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  run()

@@ -3,12 +3,10 @@
 python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/ckpt/Qwen3-0.6B
 """
 
-from absl import app
-from ml_collections import config_flags
-
+from launch import common
 from lm import server, sharding
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/serve.py", lock_config=True)
+_CONFIG = common.define_config("config", "configs/serve.py")
 
 
 def main(_):
@@ -16,5 +14,10 @@ def main(_):
   server.serve(_CONFIG.value)
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main, required=())
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

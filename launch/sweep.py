@@ -7,17 +7,15 @@ Unlike the other launchers this one takes `--config` as a string (passed through
 whose launcher loads it) and starts no JAX runtime (each point's launcher starts its own).
 """
 
-from absl import app, flags
+from absl import flags
 
+from launch import common
 from lm import sweep
 
 _CONFIG = flags.DEFINE_string(
   "config", None, "Config file of the launcher, file.py[:preset]; defines get_sweep."
 )
 _LAUNCHER = flags.DEFINE_string("launcher", None, "Module run per point with python -m, e.g. launch.theory.")
-_WORKDIR = flags.DEFINE_string(
-  "workdir", None, "Sweep directory: index.json and one sub-directory per point."
-)
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print one command per point instead of running them.")
 _SUMMARY = flags.DEFINE_string(
   "summary", "", "Optional package.module.function(workdir) run after all points."
@@ -26,10 +24,18 @@ _SUMMARY = flags.DEFINE_string(
 
 def main(_):
   sweep.run_sweep(
-    _CONFIG.value, _LAUNCHER.value, _WORKDIR.value, dry_run=_DRY_RUN.value, summary=_SUMMARY.value
+    common.resolve_config_path(_CONFIG.value),
+    _LAUNCHER.value,
+    common.WORKDIR.value,
+    dry_run=_DRY_RUN.value,
+    summary=_SUMMARY.value,
   )
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main, required=("config", "launcher", "workdir"))
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "launcher", "workdir"])
-  app.run(main)
+  run()

@@ -3,24 +3,25 @@
 python -m launch.theory --config=configs/theory.py --workdir=/tmp/theory
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from dpa_grpo import plots
 from dpa_grpo.theory_config import TheoryConfig
 from launch import common
 from lm import sharding
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/theory.py", lock_config=True)
+_CONFIG = common.define_config("config", "configs/theory.py")
 
 
 def main(_):
+  config = common.typed(_CONFIG, lambda c: TheoryConfig.from_dict(c.to_dict()))  # typed once, here
   sharding.initialize_distributed()
-  config = TheoryConfig.from_dict(_CONFIG.value.to_dict())  # typed once, here
   workdir = common.prepare_workdir(config)
   plots.run_theory(config, workdir)
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main)
+
+
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  run()

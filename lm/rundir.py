@@ -160,6 +160,7 @@ SAFE_CONFIG_KEYS = (
   "*.timeout",
   "grader.workers",
   "testbed.workers",
+  "plan.*",  # KACE: the dry run and its assumptions, and the endpoint check (results do not depend on them)
 )
 
 
@@ -174,16 +175,18 @@ def prepare_workdir(
 
   `config` is an `ml_collections.ConfigDict` (or anything with `to_dict()`, or a dict). An
   existing directory is reused: runs resume from what they find in it, so a directory belongs to
-  one resolved config. A rerun whose config differs from the saved one in a key outside
-  `safe_keys` raises `ConfigFileError` naming every differing key, unless `allow_changes`; then
-  the old config is kept beside as `config.<n>.json` and a warning names the keys.
+  one resolved config once a run has written records there (`has_records`). A rerun whose config
+  differs from the saved one in a key outside `safe_keys` raises `ConfigFileError` naming every
+  differing key, unless `allow_changes`; then the old config is kept beside as `config.<n>.json`
+  and a warning names the keys. A directory holding only its config (a start that stopped before
+  writing anything) takes the new config without a question.
   """
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
   as_dict = json.loads(json.dumps(as_dict, default=_json_default))  # as it reads back from disk
   path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
+  if os.path.exists(path) and has_records(workdir):
     try:
       saved = read_json(path)
     except ConfigFileError as e:
@@ -211,6 +214,16 @@ def prepare_workdir(
   if is_writer():
     write_json(path, as_dict)
   return workdir
+
+
+def has_records(workdir: str | os.PathLike) -> bool:
+  """Whether a run wrote anything into `workdir` besides its config files (`config.json`,
+  `config.<n>.json`) and hidden temporaries: metrics, records, checkpoints, a sub-run."""
+  for name in os.listdir(workdir):
+    if name.startswith(".") or name == "config.json" or fnmatch.fnmatchcase(name, "config.[0-9]*.json"):
+      continue
+    return True
+  return False
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -66,6 +66,8 @@ def test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates(tm
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
   assert done.returncode != 0 and "GateError: dpa_grpo, kace stopped" in done.stderr, done.stderr[-3000:]
+  assert "main job into" in done.stderr.splitlines()[0]  # the plan comes first
+  assert "I1" not in done.stderr and "orbax" not in done.stderr  # no INFO log without --verbosity
   report = (run / "report.md").read_text()
   assert report.count("**Stopped: stopped at its gates") == 2
   assert (run / "dpa_testbed" / "gates.json").exists() and (run / "kace_testbed" / "gates.json").exists()

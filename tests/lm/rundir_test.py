@@ -35,8 +35,26 @@ def test_a_rerun_with_the_same_config_or_safe_changes_resumes(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["config.json"]
 
 
+def _record(workdir):
+  rundir.append_jsonl(os.path.join(workdir, "metrics.jsonl"), [{"step": 0}])
+
+
+def test_a_start_that_wrote_nothing_takes_a_corrected_config(tmp_path):
+  """A directory holding only its config (a start that stopped before any record) is not locked."""
+  rundir.prepare_workdir(tmp_path, _config())
+  changed = _config()
+  changed.optim.lr = 0.5
+  rundir.prepare_workdir(tmp_path, changed)
+  assert rundir.read_json(tmp_path / "config.json")["optim"]["lr"] == 0.5
+  assert sorted(os.listdir(tmp_path)) == ["config.json"]
+  assert not rundir.has_records(tmp_path)
+  _record(tmp_path)
+  assert rundir.has_records(tmp_path)
+
+
 def test_a_rerun_with_another_config_stops_naming_the_keys(tmp_path):
   rundir.prepare_workdir(tmp_path, _config())
+  _record(tmp_path)
   changed = _config(eval_every=5, batch=4)  # a new key counts as a difference; eval_every is safe
   changed.optim.lr, changed.seed = 0.5, 1
   with pytest.raises(rundir.ConfigFileError, match=r"optim\.lr, seed, train\.batch differ") as e:
@@ -47,6 +65,7 @@ def test_a_rerun_with_another_config_stops_naming_the_keys(tmp_path):
 
 def test_allowed_changes_keep_the_old_config_beside_and_warn(tmp_path, caplog):
   rundir.prepare_workdir(tmp_path, _config())
+  _record(tmp_path)
   for lr in (0.5, 0.7):
     changed = _config()
     changed.optim.lr = lr
@@ -60,6 +79,7 @@ def test_allowed_changes_keep_the_old_config_beside_and_warn(tmp_path, caplog):
 
 def test_a_truncated_config_json_is_an_error_naming_the_file(tmp_path):
   rundir.prepare_workdir(tmp_path, _config())
+  _record(tmp_path)
   path = tmp_path / "config.json"
   path.write_text(path.read_text()[:20])
   with pytest.raises(rundir.ConfigFileError, match=str(path)):
@@ -78,6 +98,7 @@ def test_a_launcher_refuses_a_workdir_of_another_config(tmp_path):
   old = theory_config.get_config("smoke")
   old.loss.beta = 0.2
   rundir.prepare_workdir(tmp_path, old)
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')  # a run wrote records: the config is locked
   command = [
     sys.executable,
     "-m",
@@ -89,7 +110,7 @@ def test_a_launcher_refuses_a_workdir_of_another_config(tmp_path):
   result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
   assert result.returncode != 0
   assert "loss.beta differ" in result.stderr
-  assert sorted(os.listdir(tmp_path)) == ["config.json"]  # nothing was computed
+  assert sorted(os.listdir(tmp_path)) == ["config.json", "metrics.jsonl"]  # nothing was computed
   # The same rerun with the flag that says the change is meant: it runs, the old config kept beside.
   result = subprocess.run(
     [*command, "--allow_config_change"], capture_output=True, text=True, timeout=600, env=env, check=False
