@@ -870,7 +870,8 @@ def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, False
   if not stream:
     raise ApiError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options")
-  unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
+  # OpenAI's include_obfuscation pads chunks against side channels; none is added here either way.
+  unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats", "include_obfuscation"})
   if unknown:
     raise ApiError(
       400, f"'stream_options' may hold 'include_usage', got {unknown}", param=f"stream_options.{unknown[0]}"
