@@ -47,6 +47,23 @@ EXTRAS = {
     "tensorboard": ["tensorboard>=2.18"],
 }
 
+# One console command per launcher (each module's `run()`); configs resolve from the package, so they
+# work from any directory: `dpa-grpo --help`, `kace-eval --config=configs/kace.py:openai ...`.
+ENTRY_POINTS = {
+    "console_scripts": [
+        "kace-dpa-main = launch.main:run",
+        "dpa-grpo = launch.dpa_grpo:run",
+        "dpa-testbed = launch.dpa_testbed:run",
+        "dpa-theory = launch.theory:run",
+        "kace-build = launch.kace_build:run",
+        "kace-eval = launch.kace_eval:run",
+        "kace-table = launch.kace_table:run",
+        "kace-testbed = launch.kace_testbed:run",
+        "lm-serve = launch.serve:run",
+        "lm-sweep = launch.sweep:run",
+    ]
+}
+
 setuptools.setup(
     name="kace-dpa-grpo",
     version="0.1.0",
@@ -55,4 +72,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["lm*", "kace*", "dpa_grpo*", "configs*", "launch*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
+    entry_points=ENTRY_POINTS,
 )

@@ -107,3 +107,16 @@ def test_bad_key_value_or_weights_stop_in_one_line_leaving_the_workdir_as_it_was
     assert done.returncode == 2, (arg, done.stderr[-2000:])
     assert message in done.stderr and len((done.stdout + done.stderr).splitlines()) <= 5, done.stderr
     assert {p: p.read_bytes() for p in workdir.iterdir()} == before  # nothing written, nothing locked
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_an_entry_point_runs_from_the_root_directory(tmp_path):
+  """`pip install -e .` puts `dpa-grpo` beside the interpreter; from `/` its default config file
+  (configs/dpa_grpo.py, relative) resolves from the package: a typo is caught against it."""
+  script = pathlib.Path(sys.executable).parent / "dpa-grpo"
+  if not script.exists():
+    pytest.skip("the package is not installed with its entry points (pip install -e .)")
+  done = _run([str(script), "--config.trian.steps=1", f"--workdir={tmp_path / 'run'}"], cwd="/")
+  assert done.returncode == 2 and "did you mean train.steps?" in done.stderr, done.stderr[-2000:]
+  assert not (tmp_path / "run").exists()
