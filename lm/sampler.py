@@ -92,6 +92,10 @@ class SamplerConfig:
       `lm.cpu_gemm`'s kernel (where it is built: `cpu_gemm.available()`), which then computes
       every product of the prefill and the decode steps with this many threads: -1 as many as
       XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
+    share_prefix: the n > 1 samples of a prompt share its prompt's KV cache (held once per prompt,
+      each sample holding only its generated slots) instead of n copies of it: None (default)
+      shares on a mesh and on accelerators, and keeps the copies on one CPU device, whose decode
+      attention is tuned for one cache (`lm.model.attention`); see docs/sampler.md.
   """
 
   min_prompt_bucket: int = 16
@@ -103,6 +107,7 @@ class SamplerConfig:
   decode_phases: int = 3
   decode_phase_min_steps: int = 128
   cpu_gemm_threads: int = -1
+  share_prefix: bool | None = None
 
   def __post_init__(self):
     if self.cpu_gemm_threads < -1:
@@ -297,8 +302,14 @@ class Sampler:
       _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
       self._gemm_threads,
       self.model.config.num_heads > self.model.config.num_kv_heads,
+      n > 1 and self._share_prefix(),
     )
     return fn, inputs, num
+
+  def _share_prefix(self) -> bool:
+    if self.config.share_prefix is not None:
+      return self.config.share_prefix
+    return self.mesh is not None or jax.default_backend() != "cpu"
 
   def _generate_chunk(self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput) -> None:
     fn, inputs, num = self._prepare(prompts, params, n, eos_ids, stop_ids)
@@ -455,9 +466,11 @@ def _phase_ends(steps: int, phases: int, min_steps: int = 1) -> tuple[int, ...]:
 
 
 def _grow_cache(cache, slots: int):
-  """The cache with empty slots appended up to `slots` ([B, K, S, H] each; one copy per phase, the
-  first fused with the prompt cache's repeat over samples)."""
-  return jax.tree.map(lambda c: jnp.pad(c, ((0, 0), (0, 0), (0, slots - c.shape[2]), (0, 0))), cache)
+  """The cache with empty slots appended up to `slots` ([B, K, S, H] "k" and "v" of each layer; one
+  copy per phase, the first fused with the prompt cache's repeat over samples). A shared prompt's
+  "prefix_k" / "prefix_v" stay as they are."""
+  pad = lambda c: jnp.pad(c, ((0, 0), (0, 0), (0, slots - c.shape[2]), (0, 0)))
+  return [{**kv, "k": pad(kv["k"]), "v": pad(kv["v"])} for kv in cache]
 
 
 def _weights_of(graphdef, state, layer_weights):
@@ -512,6 +525,7 @@ def _generate_fn(
   phase_ends: tuple[int, ...],
   gemm_threads: int,
   grouped: bool,
+  share_prefix: bool = False,
 ):
   """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
@@ -526,7 +540,10 @@ def _generate_fn(
   itself is kept near the filled length and grown between phases. With `gemm_threads` other than 0 (CPU,
   fused weights packed by `Sampler.refresh`) every product, the output head's included, runs
   `lm.cpu_gemm`'s kernel with that many threads. `grouped`: the model has fewer kv heads than
-  query heads (its decode program's options, `_decode_options`).
+  query heads (its decode program's options, `_decode_options`). `share_prefix`: the n samples of a
+  prompt read its prompt's KV cache, held once ([P, K, prompt, H] per layer), and hold only their own
+  generated slots ([P·n, K, steps, H]; `lm.model.shared_prefix_attention`), instead of n copies of
+  the whole cache ([P·n, K, prompt + steps, H]).
   """
   cpu = jax.default_backend() == "cpu"
   ends = phase_ends if cpu and mesh is None else (steps,)
@@ -534,8 +551,9 @@ def _generate_fn(
   weights_of = functools.partial(_weights_of, graphdef)
   head = functools.partial(_head, matmul=matmul)
 
-  def key_mask_of(mask):  # [P, S]: the prompt's padding, then every generated slot
-    return jnp.concatenate([mask, jnp.ones((mask.shape[0], steps), mask.dtype)], axis=1)
+  def key_mask_of(mask):  # [P, S]: the prompt's padding (unless shared), then every generated slot
+    generated = jnp.ones((mask.shape[0], steps), mask.dtype)
+    return generated if share_prefix else jnp.concatenate([mask, generated], axis=1)
 
   def generate(
     state,
@@ -559,7 +577,15 @@ def _generate_fn(
     key_mask = key_mask_of(mask)
     # n samples per prompt share the prefill: rows become prompt-major [P * n].
     rep = lambda x: jnp.repeat(x, n, axis=0)
-    cache = _grow_cache(jax.tree.map(rep, cache), prompt_len + ends[0])  # [B, K, P + first phase, H]
+    own = 0 if share_prefix else prompt_len  # a row's own cache slots before its first new token
+    if share_prefix:  # the prompt's keys once per prompt; each row's own slots start empty
+      empty = lambda c: jnp.zeros((rows * n, c.shape[1], 0, c.shape[3]), c.dtype)
+      cache = [
+        {"k": empty(kv["k"]), "v": empty(kv["v"]), "prefix_k": kv["k"], "prefix_v": kv["v"]} for kv in cache
+      ]
+    else:
+      cache = jax.tree.map(rep, cache)
+    cache = _grow_cache(cache, own + ends[0])  # "k", "v" [B, K, own + first phase, H]
     if mesh is not None:
       place = lambda v: sharding_lib.named(mesh, shard_config.cache_bksh, v.shape)
       cache = jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, place(v)), cache)
@@ -593,9 +619,10 @@ def _generate_fn(
         positions=(next_pos + step)[:, None],
         attention_mask=key_mask,
         cache=state.cache,
-        cache_index=prompt_len + step,
+        cache_index=own + step,
         layer_weights=layer_weights,
         matmul=matmul,
+        prefix_mask=mask if share_prefix else None,
       )
       return _SamplingState(
         step=step + 1,
@@ -620,7 +647,7 @@ def _generate_fn(
     )
     final = initial
     for i, end in enumerate(ends):  # one phase, the whole cache, except on CPU (`_phase_ends`)
-      slots = prompt_len + end
+      slots = own + end
       if i:
         final = final.replace(cache=_grow_cache(final.cache, slots))
       if i + 1 < len(ends):

@@ -259,3 +259,20 @@ def test_decode_in_phases_equals_one_phase_over_the_whole_cache(checkpoint):
   assert a.tokens == b.tokens and all(len(t) == 40 for per in a.tokens for t in per)
   for la, lb in zip(a.logprobs, b.logprobs, strict=True):
     np.testing.assert_allclose(np.array(la), np.array(lb), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_samples_sharing_their_prompts_cache_equal_samples_with_copies_of_it(checkpoint):
+  # share_prefix: the n samples of a prompt read its prompt's KV once (lm.model.shared_prefix_attention)
+  # instead of n copies. Greedy rows match transformers at n = 3; sampled rows (same seeds) match the
+  # copies, across the phase boundaries of a 64-step bucket.
+  hf_model, model = checkpoint
+  config = lambda share: sampler_lib.SamplerConfig(share_prefix=share, decode_phase_min_steps=16)
+  kwargs = dict(max_new_tokens=40, n=3, temperature=[0.0, 1.0, 0.7], seed=4)
+  shared = sampler_lib.Sampler(model, config=config(True)).generate(PROMPTS, **kwargs)
+  copies = sampler_lib.Sampler(model, config=config(False)).generate(PROMPTS, **kwargs)
+  assert shared.tokens == copies.tokens
+  for a, b in zip(shared.logprobs, copies.logprobs, strict=True):
+    np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)
+  assert shared.tokens[0] == [_hf_greedy(hf_model, PROMPTS[:1], 40, eos_id=-1)[0]] * 3
+  assert len({tuple(t) for t in shared.tokens[1]}) > 1  # the sampled rows differ
