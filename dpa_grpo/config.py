@@ -18,6 +18,7 @@ from typing import Any
 from dpa_grpo import game, losses, rollout
 from dpa_grpo.envs import taxcalc
 from lm import sharding
+from lm.model import REMAT_POLICIES
 
 METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
 BASELINES = losses.BASELINES
@@ -129,6 +130,11 @@ class LossConfig:
     revision_filter: unparsable revisions leave the revise group; a group with fewer than two
       left, or whose rewards all agree, is skipped (`packing.revision_items`).
     skip_verifier_on_invalid_draft: no verifier pair on units whose draft x is unparsable.
+  Memory (`launch.plan` picks them per target; docs/scale.md):
+    remat: each decoder layer's rematerialisation in the backward pass, one of
+      `lm.model.REMAT_POLICIES` ("none"; "dots_saveable": matmul outputs kept; "full": only the
+      layer's input kept). With `train.pairs_per_chunk` / `groups_per_chunk` (the micro-batch
+      the step accumulates gradients over) it sets a train step's activation memory.
   """
 
   beta: float = 0.04
@@ -154,8 +160,11 @@ class LossConfig:
   revision_weight: float = 0.0
   revision_filter: bool = False
   skip_verifier_on_invalid_draft: bool = False
+  remat: str = "none"
 
   def __post_init__(self):
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"loss.remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
     if self.beta < 0:
       raise ValueError(f"loss.beta must be >= 0, got {self.beta}")
     if self.kl not in KL_ESTIMATORS:

@@ -155,7 +155,7 @@ class DPALossConfig:
       the generator; `batch["component"]` indexes them.
     component_weights: the weight of each component's mean loss in the role's loss.
     vocab_chunk: vocabulary chunk of `lm.scoring` (memory of the log-prob computation).
-    remat: rematerialise each layer in the backward pass.
+    remat: each layer's rematerialisation in the backward pass (`lm.model.REMAT_POLICIES`; True = full).
   """
 
   beta: float = 0.04
@@ -164,7 +164,7 @@ class DPALossConfig:
   components: tuple[str, ...] = ("verdict",)
   component_weights: tuple[float, ...] = (1.0,)
   vocab_chunk: int = 8192
-  remat: bool = False
+  remat: bool | str = False
 
   def __post_init__(self):
     if len(self.components) != len(self.component_weights):
@@ -428,7 +428,7 @@ class BaselineConfig:
   max_len: int = 2048
   cache_len: int = 512
   vocab_chunk: int = 8192
-  remat: bool = False
+  remat: bool | str = False
 
   def __post_init__(self):
     if self.method not in BASELINES:

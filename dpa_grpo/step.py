@@ -67,12 +67,15 @@ def loss_configs(
         kl="k1",
         weighting="pair",
         vocab_chunk=loss.vocab_chunk,
+        remat=loss.remat,
         components=("draft",),
         component_weights=(1.0,),
       )
     }
   if method == "dpa_grpo":
-    common = dict(beta=loss.beta, kl=loss.kl, weighting=loss.weighting, vocab_chunk=loss.vocab_chunk)
+    common = dict(
+      beta=loss.beta, kl=loss.kl, weighting=loss.weighting, vocab_chunk=loss.vocab_chunk, remat=loss.remat
+    )
     return {
       "verifier": losses.DPALossConfig(
         **common, components=("verdict",), component_weights=(loss.verifier_weight,)
@@ -95,6 +98,7 @@ def loss_configs(
       max_len=max_new_tokens,
       cache_len=baseline.overlong_cache,
       vocab_chunk=loss.vocab_chunk,
+      remat=loss.remat,
     )
   }
 

@@ -1,0 +1,187 @@
+"""DPA-GRPO's programs planned for a target (`lm.plan`): the train step's `accumulate` (policy
+loss, its gradient and the frozen reference's scoring, one chunk), `apply` (the AdamW update) and
+the sampler's prefill-and-decode, on abstract weights; and the choice of remat and micro-batch
+(`loss.remat`, `train.pairs_per_chunk`) that fits a target with headroom."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+
+from dpa_grpo import config as config_lib
+from dpa_grpo import packing, policies, step
+from lm import plan as plan_lib
+from lm import shapes
+from lm import sharding as sharding_lib
+from lm.config import ModelConfig
+
+ROLE = "verifier"  # the role planned: its rows are as long as the generator's
+PROMPT_TOKENS = 2048  # assumed prompt length of a TaxCalcBench form (a stated model, not measured)
+SAMPLE_ROWS = 256  # the trainer's sampler rows per call (`lm.sampler.SamplerConfig.max_rows`)
+
+
+def seq_len(exp: config_lib.ExperimentConfig) -> int:
+  """The loss rows' padded width: prompt + the longest completion, bucketed as packing does."""
+  longest = max(exp.rollout.max_new_tokens, exp.rollout.verdict_tokens)
+  return shapes.width_bucket(PROMPT_TOKENS + longest)
+
+
+def programs(
+  exp: config_lib.ExperimentConfig,
+  target: plan_lib.Target,
+  *,
+  train: bool = True,
+  sample: bool = True,
+  length: int = 0,
+  sample_rows: int = SAMPLE_ROWS,
+  prompt_tokens: int = PROMPT_TOKENS,
+) -> list[plan_lib.ProgramPlan]:
+  """`accumulate`, `apply` (and the sampler's program) of `exp`'s preset compiled for `target`;
+  `length`: the loss rows' width (0: `seq_len`)."""
+  shard = sharding_lib.ShardingConfig()
+  devices = plan_lib.target_devices(target)
+  mesh = plan_lib.target_mesh(devices, exp.mesh)
+  overrides = dict(exp.model.overrides)
+  model_cfg = ModelConfig.preset(exp.model.preset, **overrides)
+  model = plan_lib.abstract_model(model_cfg, exp.model.dtype, mesh, shard)
+  host_mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(1, 1, 1), jax.devices("cpu")[:1])
+  pols, trainable, frozen = policies.init_policies(model, exp.lora, exp.roles, host_mesh, seed=exp.seed)
+  trainable = plan_lib.abstract(trainable, mesh)  # adapters are replicated (`init_policies`)
+  if not exp.lora.enabled:  # full fine-tuning: the trainable backbone sharded like the frozen one
+    trainable = {"backbone": frozen}
+  batch_multiple = math.prod(mesh.shape[a] for a in sharding_lib.BATCH_AXES)
+  pairs = shapes.round_up(exp.train.pairs_per_chunk, batch_multiple // math.gcd(batch_multiple, 2))
+  length = length or seq_len(exp)
+  loss_cfg = step.loss_configs(exp.method, exp.loss, exp.baseline, max_new_tokens=exp.rollout.max_new_tokens)
+  role = ROLE if ROLE in loss_cfg else next(iter(loss_cfg))
+  completion = length // 4
+  items = [
+    packing.Item(prompt=[1] * (length - completion), completions=([1] * completion,) * 2, rewards=(1.0, 0.0),
+                 component=0)
+    for _ in range(pairs)
+  ]  # fmt: skip
+  (chunk,) = packing.dpa_chunks(items, len(loss_cfg[role].components), pairs, 0, exp.loss.aggregate)
+  batch = plan_lib.abstract_rows(chunk, mesh, shard)
+  key = None
+  if exp.lora.enabled and exp.lora.dropout > 0:
+    key = plan_lib.abstract(jax.random.key(0), mesh)
+  tx = step.optimizer(exp.optim, exp.train.steps)
+  opt_state = jax.eval_shape(tx.init, trainable)
+  opt_state = plan_lib.abstract(opt_state, mesh) if exp.lora.enabled else _like_params(opt_state, trainable)
+  rows = 2 * pairs
+  fwd = plan_lib.forward_flops(model_cfg, rows, length) / len(devices)
+  extra = {"none": 0.0, "dots_saveable": 0.5, "full": 1.0}[exp.loss.remat]
+  weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
+  passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
+  out = (
+    []
+    if not train
+    else [
+      plan_lib.compile_program(
+        "accumulate",
+        step.accumulate,
+        (trainable, trainable, frozen, batch, key),
+        dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
+        target,
+        model=(fwd * passes, weights * passes),
+        resident=plan_lib.tree_bytes(opt_state),
+        detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+      ),
+      plan_lib.compile_program(
+        "apply",
+        step.apply,
+        (trainable, opt_state, trainable),
+        dict(tx=tx),
+        target,
+        model=(0.0, 4 * plan_lib.tree_bytes(trainable)),
+      ),
+    ]
+  )
+  if sample:
+    sampled = pols.policy(trainable, frozen, role)
+    out.append(
+      plan_lib.sampler_program(
+        sampled,
+        mesh,
+        target,
+        rows=sample_rows,
+        prompt_len=prompt_tokens,
+        new_tokens=exp.rollout.max_new_tokens,
+        n=1,
+        step_bucket=64,
+        shard=shard,
+        resident=plan_lib.tree_bytes(opt_state) + plan_lib.tree_bytes(trainable),
+      )
+    )
+  return out
+
+
+def _like_params(opt_state: Any, trainable: Any) -> Any:
+  """Full fine-tuning: optimiser moments sharded like the parameters they follow (by shape)."""
+  by_shape = {tuple(x.shape): x.sharding for x in jax.tree.leaves(trainable)}
+  return jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_shape.get(tuple(x.shape), None)), opt_state
+  )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Choice:
+  """A fitting setting and its programs: `overrides` are `--config.*` flags."""
+
+  overrides: dict[str, Any]
+  programs: list[plan_lib.ProgramPlan]
+  fits: bool
+
+
+# Tried in order, fastest first: remat none → dots_saveable → full, then smaller micro-batches.
+CANDIDATES = (("none", 1), ("dots_saveable", 1), ("full", 1), ("full", 2), ("full", 4), ("full", 8))
+
+
+def choose(
+  config: dict,
+  target: plan_lib.Target,
+  *,
+  headroom: float = 0.25,
+  sample: bool = True,
+  length: int = 0,
+  sample_rows: int = SAMPLE_ROWS,
+  prompt_tokens: int = PROMPT_TOKENS,
+) -> Choice:
+  """The first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit `target` with
+  `headroom` of its memory free; the last one tried when none does. `config`: a preset's
+  `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise)."""
+  budget = (1 - headroom) * target.hbm_bytes
+  base = config_lib.ExperimentConfig.from_dict(config)
+  choice = None
+  start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
+  for remat, divide in CANDIDATES[start:]:
+    pairs = max(1, base.train.pairs_per_chunk // divide)
+    exp = dataclasses.replace(
+      base,
+      loss=dataclasses.replace(base.loss, remat=remat),
+      train=dataclasses.replace(base.train, pairs_per_chunk=pairs),
+    )
+    train_programs = programs(exp, target, sample=False, length=length)
+    fits = max(p.peak for p in train_programs) <= budget
+    overrides = {"loss.remat": remat, "train.pairs_per_chunk": pairs, **_mesh_overrides(exp.mesh)}
+    choice = Choice(overrides=overrides, programs=train_programs, fits=fits)
+    if fits:
+      break
+  if sample:
+    sampled = programs(
+      base, target, train=False, length=length, sample_rows=sample_rows, prompt_tokens=prompt_tokens
+    )
+    choice = dataclasses.replace(choice, programs=[*choice.programs, *sampled])
+  return choice
+
+
+def _mesh_overrides(mesh: sharding_lib.MeshConfig) -> dict[str, int]:
+  return {f"mesh.{k}": v for k, v in dataclasses.asdict(mesh).items()}
+
+
+def as_flags(overrides: dict[str, Any]) -> list[str]:
+  """`--config.<key>=<value>` flags of a choice's overrides."""
+  return [f"--config.{k}={v}" for k, v in overrides.items()]

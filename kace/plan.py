@@ -1,0 +1,63 @@
+"""KACE's in-process solver planned for a target (`lm.plan`): the sampler's prefill-and-decode
+program at the preset's sampling budget, and the most rows per call (`sampler.max_rows`) that fit
+with headroom. KACE trains nothing, so the sampler is its only program."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from lm import plan as plan_lib
+from lm import sharding as sharding_lib
+from lm.config import ModelConfig
+
+PROMPT_TOKENS = 2048  # assumed: a problem, the cards in the prompt and the chat template (a model)
+ROWS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Choice:
+  overrides: dict[str, Any]
+  programs: list[plan_lib.ProgramPlan]
+  fits: bool
+
+
+def solver_program(config: dict, target: plan_lib.Target, *, rows: int, prompt_tokens: int = PROMPT_TOKENS):
+  """The solver's sampler program for `rows` rows (n = 1 each) on `target`."""
+  solver = config["roles"]["solver"]
+  shard = sharding_lib.ShardingConfig()
+  mesh = plan_lib.target_mesh(plan_lib.target_devices(target), sharding_lib.MeshConfig(**solver["mesh"]))
+  model_cfg = ModelConfig.preset(solver.get("preset") or "qwen3_4b")
+  model = plan_lib.abstract_model(model_cfg, solver["dtype"], mesh, shard)
+  batch_multiple = math.prod(mesh.shape[a] for a in sharding_lib.BATCH_AXES)
+  return plan_lib.sampler_program(
+    model,
+    mesh,
+    target,
+    rows=-(-rows // batch_multiple) * batch_multiple,
+    prompt_len=prompt_tokens,
+    new_tokens=config["sampling"]["max_tokens"],
+    n=1,
+    step_bucket=solver["sampler"].get("step_bucket", 64),
+    shard=shard,
+  )
+
+
+def choose(
+  config: dict, target: plan_lib.Target, *, headroom: float = 0.25, prompt_tokens: int = PROMPT_TOKENS
+):
+  """The most rows a call (at most the preset's `max_rows`) whose program fits `target` with
+  `headroom` of its memory free; the smallest tried when none does. The mesh is the preset's."""
+  budget = (1 - headroom) * target.hbm_bytes
+  solver = config["roles"]["solver"]
+  most = solver["sampler"].get("max_rows", 256)
+  choice = None
+  for rows in [r for r in ROWS if r <= most] or [most]:
+    program = solver_program(config, target, rows=rows, prompt_tokens=prompt_tokens)
+    overrides = {"roles.solver.sampler.max_rows": rows}
+    overrides |= {f"roles.solver.mesh.{k}": v for k, v in solver["mesh"].items()}
+    choice = Choice(overrides=overrides, programs=[program], fits=program.peak <= budget)
+    if choice.fits:
+      break
+  return choice

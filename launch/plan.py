@@ -1,0 +1,62 @@
+"""Plans a preset for a target: compiles its programs ahead of time, picks mesh / remat / micro-batch
+that fit with headroom, prints `--config.*` overrides (docs/scale.md).
+
+  python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8
+  python -m launch.plan --config=configs/kace.py:qwen3_4b --target=v5p-8 --out=docs/results/plan.jsonl
+  python -m launch.plan --render=docs/results/plan.jsonl        # writes docs/scale.md
+
+TPU targets need /work/venvs/tpu, GPU targets /work/venvs/cuda (scripts/plan_venvs.sh builds both;
+scripts/plan_table.sh runs every preset and target and renders the table).
+"""
+
+import datetime
+import functools
+import json
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from dpa_grpo import plan as dpa_plan
+from kace import plan as kace_plan
+from lm import plan as plan_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "A preset: configs/<job>.py:<preset>.", lock_config=False
+)
+_TARGET = flags.DEFINE_string(
+  "target", "h100x8", f"One of {list(plan_lib.TARGETS)}, comma-separated, tpu or gpu."
+)
+_HEADROOM = flags.DEFINE_float("headroom", 0.25, "Share of device memory left free by the plan.")
+_SAMPLE = flags.DEFINE_bool("sample", True, "DPA-GRPO: also compile the sampler's program (slow to compile).")
+_OUT = flags.DEFINE_string("out", "", "Append each (preset, target) result as a JSON line here.")
+_RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markdown and exit.")
+_MARKDOWN = flags.DEFINE_string("markdown", "docs/scale.md", "Where --render writes the table.")
+
+
+def main(argv):
+  del argv
+  if _RENDER.value:
+    with open(_RENDER.value) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    with open(_MARKDOWN.value, "w") as f:
+      f.write(plan_lib.render(rows, date=datetime.date.today().isoformat()))
+    print(f"wrote {_MARKDOWN.value} ({len(rows)} plans)")
+    return
+  preset = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
+  # The job's planner: DPA-GRPO trains (accumulate, apply, sampler), KACE samples only.
+  kace = "kace" in os.path.basename(preset.split(":")[0])
+  choose = kace_plan.choose if kace else functools.partial(dpa_plan.choose, sample=_SAMPLE.value)
+  for name in plan_lib.target_names(_TARGET.value):
+    target = plan_lib.TARGETS[name]
+    result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
+    print(plan_lib.summary(result))
+    if _OUT.value:
+      os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
+      with open(_OUT.value, "a") as f:
+        f.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

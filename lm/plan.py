@@ -1,0 +1,440 @@
+"""Plan before you rent: a preset's programs compiled ahead of time for a target (docs/scale.md).
+
+As maxtext's `train_compile` does: the weights are `jax.ShapeDtypeStruct`s with the shardings the
+run would give them (`nnx.eval_shape`, `lm.sharding`), laid on a mesh of a target's devices —
+libtpu's topology descriptions for TPU slices, XLA:GPU's deviceless target (a
+`GpuTargetConfigProto`, `lm/targets/*.textproto`) for GPU nodes, or this host's CPU devices (tests)
+— and each program is lowered and compiled; nothing is materialised. Per device it reads XLA's
+memory analysis (arguments, outputs, aliased, temporaries) and cost analysis (FLOPs, bytes; XLA:GPU
+returns none, so those come from `forward_flops`' counts), and a roofline time: max(FLOPs / peak, bytes /
+bandwidth). Every figure carries its source: "compile" or "model".
+
+The TPU and CUDA compilers need their own venvs (scripts/plan_venvs.sh); `launch.plan` runs this
+module in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lm import sharding as sharding_lib
+from lm.config import ModelConfig
+from lm.model import Qwen
+
+GiB = 2**30
+TARGET_DIR = os.path.join(os.path.dirname(__file__), "targets")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target:
+  """A machine to plan for: its devices and their published figures (per chip).
+
+  platform: "tpu" (libtpu topology `topology`, e.g. "v5p:2x2x1"), "cuda" (`target_config`, a text
+  proto under lm/targets, `devices` GPUs on one host) or "cpu" (this host's devices; tests).
+  hbm_bytes: memory per device; hbm_bandwidth: bytes/s; peak_flops: dense bf16 FLOP/s.
+  """
+
+  name: str
+  platform: str
+  devices: int
+  hbm_bytes: int
+  hbm_bandwidth: float
+  peak_flops: float
+  topology: str = ""
+  target_config: str = ""
+  note: str = ""
+
+
+# Published per-chip figures (Google Cloud TPU docs; NVIDIA datasheets, SXM parts). A TPU "-N" name
+# counts TensorCores for v5p (2 a chip: v5p-8 is 4 chips) and chips for v5e / v6e.
+TARGETS = {
+  t.name: t
+  for t in (
+    Target(name="v5e-8", platform="tpu", topology="v5e:2x4", devices=8, hbm_bytes=16 * GiB,
+           hbm_bandwidth=819e9, peak_flops=197e12),
+    Target(name="v6e-8", platform="tpu", topology="v6e:2x4", devices=8, hbm_bytes=32 * GiB,
+           hbm_bandwidth=1640e9, peak_flops=918e12),
+    Target(name="v5p-8", platform="tpu", topology="v5p:2x2x1", devices=4, hbm_bytes=95 * GiB,
+           hbm_bandwidth=2765e9, peak_flops=459e12, note="4 chips"),
+    Target(name="v5p-64", platform="tpu", topology="v5p:2x4x4", devices=32, hbm_bytes=95 * GiB,
+           hbm_bandwidth=2765e9, peak_flops=459e12, note="32 chips"),
+    Target(name="h100x1", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=1,
+           hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12),
+    Target(name="h100x8", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=8,
+           hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12),
+    Target(name="h200x1", platform="cuda", target_config="h200_141gb.textproto", devices=1,
+           hbm_bytes=150_754_820_096, hbm_bandwidth=4.8e12, peak_flops=989e12),
+    Target(name="h200x8", platform="cuda", target_config="h200_141gb.textproto", devices=8,
+           hbm_bytes=150_754_820_096, hbm_bandwidth=4.8e12, peak_flops=989e12),
+  )
+}  # fmt: skip
+TPU_TARGETS = tuple(n for n, t in TARGETS.items() if t.platform == "tpu")
+GPU_TARGETS = tuple(n for n, t in TARGETS.items() if t.platform == "cuda")
+
+
+def cpu_target(devices: int, hbm_bytes: int) -> Target:
+  """This host's first `devices` CPU devices, each given a `hbm_bytes` budget (tests, smoke runs).
+  The roofline figures are nominal (1 TFLOP/s, 100 GB/s)."""
+  return Target(name=f"cpu-{devices}", platform="cpu", devices=devices, hbm_bytes=hbm_bytes,
+                hbm_bandwidth=100e9, peak_flops=1e12)  # fmt: skip
+
+
+def target_devices(target: Target) -> list:
+  """The target's devices: abstract ones from a topology description (TPU, CUDA), else this host's."""
+  if target.platform == "cpu":
+    devices = jax.devices("cpu")
+    if len(devices) < target.devices:
+      raise ValueError(
+        f"target {target.name}: {target.devices} CPU devices asked, this host has {len(devices)}"
+      )
+    return devices[: target.devices]
+  from jax.experimental import topologies
+
+  if target.platform == "tpu":
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=target.topology).devices)
+  with open(os.path.join(TARGET_DIR, target.target_config)) as f:
+    text = f.read()
+  desc = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{target.devices}")
+  return list(desc.devices)
+
+
+def target_mesh(devices: Sequence, mesh: sharding_lib.MeshConfig) -> Mesh:
+  """The run's (data, fsdp, tp) mesh over the target's devices."""
+  shape = mesh.shape(len(devices))
+  return Mesh(np.asarray(devices, dtype=object).reshape(shape), sharding_lib.MESH_AXES)
+
+
+@contextlib.contextmanager
+def backend_of(platform: str) -> Iterator[None]:
+  """Programs that pick their form by `jax.default_backend()` (the sampler: one program on an
+  accelerator, two on CPU) build the target's form while the planning host runs on CPU."""
+  original = jax.default_backend
+  jax.default_backend = lambda: platform
+  try:
+    yield
+  finally:
+    jax.default_backend = original
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgramPlan:
+  """One compiled program's per-device figures.
+
+  arguments, outputs, aliased, temporaries: XLA's memory analysis (bytes; source "compile").
+  resident: bytes of run state that lives on the device beside this program but is not one of its
+    arguments (the optimiser state while gradients accumulate; source "model": shapes × shardings).
+  peak: arguments + outputs − aliased + temporaries + resident.
+  flops, bytes_accessed: per device per call, from the compile's cost analysis where the compiler
+    gives one, else from `model_flops` (their `*_source` says which).
+  seconds: the roofline max(flops / peak FLOP/s, bytes / bandwidth) (a model, always).
+  """
+
+  name: str
+  arguments: int
+  outputs: int
+  aliased: int
+  temporaries: int
+  resident: int
+  flops: float
+  flops_source: str
+  bytes_accessed: float
+  bytes_source: str
+  seconds: float
+  detail: str = ""
+
+  @property
+  def peak(self) -> int:
+    return self.arguments + self.outputs - self.aliased + self.temporaries + self.resident
+
+
+def tree_bytes(tree: Any) -> int:
+  """Bytes per device of a tree of (abstract or real) sharded arrays: each leaf's shard."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.shape
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+      shape = sharding.shard_shape(shape)
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+def compile_program(
+  name: str,
+  fn: Callable,
+  args: Sequence[Any],
+  kwargs: dict[str, Any],
+  target: Target,
+  *,
+  model: tuple[float, float],
+  resident: int = 0,
+  detail: str = "",
+  describe: Callable[[Any], str] | None = None,
+) -> ProgramPlan:
+  """Lowers and compiles `fn(*args, **kwargs)` (abstract arguments) and reads its figures; `model`
+  = (FLOPs, bytes) per device from `forward_flops`' counts, used where the compile gives none;
+  `describe(compiled)` adds to `detail`."""
+  compiled = fn.lower(*args, **kwargs).compile()
+  if describe is not None:
+    detail = f"{detail}; {describe(compiled)}" if detail else describe(compiled)
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  flops, flops_source = model[0], "model"
+  bytes_accessed, bytes_source = model[1], "model"
+  if cost and cost.get("flops", 0) > 0:
+    flops, flops_source = float(cost["flops"]), "compile"
+  if cost and cost.get("bytes accessed", 0) > 0:
+    bytes_accessed, bytes_source = float(cost["bytes accessed"]), "compile"
+  seconds = max(flops / target.peak_flops, bytes_accessed / target.hbm_bandwidth)
+  return ProgramPlan(
+    name=name,
+    arguments=int(mem.argument_size_in_bytes),
+    outputs=int(mem.output_size_in_bytes),
+    aliased=int(mem.alias_size_in_bytes),
+    temporaries=int(mem.temp_size_in_bytes),
+    resident=resident,
+    flops=flops,
+    flops_source=flops_source,
+    bytes_accessed=bytes_accessed,
+    bytes_source=bytes_source,
+    seconds=seconds,
+    detail=detail,
+  )
+
+
+def forward_flops(config: ModelConfig, rows: int, length: int) -> float:
+  """Matmul FLOPs of one forward pass over [rows, length] tokens: 2 · (weights in matmuls) per
+  token, plus causal attention's 2 · 2 · L · length/2 · heads · head_dim per token."""
+  c = config
+  attn_proj = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+  mlp = 3 * c.hidden_size * c.intermediate_size
+  per_token = 2 * c.num_layers * (attn_proj + mlp) + 2 * c.hidden_size * c.vocab_size
+  per_token += 2 * 2 * c.num_layers * (length / 2) * c.num_heads * c.head_dim
+  return per_token * rows * length
+
+
+def param_count(config: ModelConfig) -> int:
+  c = config
+  attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+  layer = attn + 3 * c.hidden_size * c.intermediate_size
+  head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
+  return c.num_layers * layer + c.vocab_size * c.hidden_size + head
+
+
+# ---- abstract models -----------------------------------------------------------------------------
+
+
+def abstract_model(config: ModelConfig, dtype: Any, mesh: Mesh, shard: sharding_lib.ShardingConfig) -> Qwen:
+  """The model with `ShapeDtypeStruct` parameters carrying their shardings on `mesh`, and the
+  activation sharding `lm.sharding.shard_model` would record."""
+  from lm import model as model_lib
+
+  model = nnx.eval_shape(lambda: Qwen(config, rngs=nnx.Rngs(0), param_dtype=jnp.dtype(dtype)))
+  shardings = sharding_lib.param_shardings(model, mesh, shard)
+  for path, var in sharding_lib._iter_params(model):
+    value = var.get_value()
+    var.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=shardings[path]))
+  model.activation_sharding = model_lib.ActivationSharding(NamedSharding(mesh, shard.act_btd))
+  return model
+
+
+def abstract(tree: Any, mesh: Mesh, spec: P | None = None) -> Any:
+  """`ShapeDtypeStruct`s of a tree's leaves, each with sharding `spec` on `mesh` (default: replicated)."""
+  spec = P() if spec is None else spec
+  return jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), sharding=NamedSharding(mesh, spec)), tree
+  )
+
+
+def abstract_rows(arrays: dict[str, np.ndarray], mesh: Mesh, shard: sharding_lib.ShardingConfig) -> dict:
+  """A batch dict as `ShapeDtypeStruct`s, rows split like `lm.sharding.batch_sharding`."""
+  return {
+    k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding_lib.batch_sharding(mesh, v.shape, shard))
+    if v.ndim
+    else jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, P()))
+    for k, v in arrays.items()
+  }
+
+
+# ---- the sampler -------------------------------------------------------------------------------
+
+
+def sampler_program(
+  model: Qwen,
+  mesh: Mesh,
+  target: Target,
+  *,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+  n: int,
+  step_bucket: int,
+  shard: sharding_lib.ShardingConfig,
+  resident: int = 0,
+) -> ProgramPlan:
+  """The sampler's prefill-and-decode program (`lm.sampler`, its accelerator form) for `rows`
+  prompts of `prompt_len` tokens, `n` samples each, `new_tokens` rounded up to `step_bucket`."""
+  from lm import sampler as sampler_lib
+
+  steps = -(-new_tokens // step_bucket) * step_bucket
+  cfg = model.config
+  prompts = rows // n
+  graphdef, state = nnx.split(model)
+  weight_vd = (model.embed_vd if cfg.tie_word_embeddings else model.lm_head_vd).get_value()
+  vocab_axis, model_axis = (tuple(weight_vd.sharding.spec) + (None, None))[:2]
+  head_spec = sharding_lib.fit_spec(P(model_axis, vocab_axis), weight_vd.shape[::-1], mesh)
+  head_dv = jax.ShapeDtypeStruct(
+    weight_vd.shape[::-1], weight_vd.dtype, sharding=NamedSharding(mesh, head_spec)
+  )
+  rows_of = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
+    shape, dtype, sharding=sharding_lib.batch_sharding(mesh, shape, shard)
+  )
+  replicated = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
+  inputs = dict(
+    tokens=rows_of((prompts, prompt_len), jnp.int32),
+    mask=rows_of((prompts, prompt_len), jnp.int32),
+    temperature=rows_of((prompts,), jnp.float32),
+    top_p=rows_of((prompts,), jnp.float32),
+    top_k=rows_of((prompts,), jnp.int32),
+    seed=rows_of((prompts,), jnp.uint32),
+    eos=replicated((2,), jnp.int32),
+    stop=replicated((4, 8), jnp.int32),
+    max_new=rows_of((prompts,), jnp.int32),
+  )
+  with backend_of(target.platform if target.platform != "cpu" else "cuda"):
+    fn = sampler_lib._generate_fn(
+      graphdef, n, steps, mesh, shard, model.dtype, (steps,), 0, cfg.num_heads > cfg.num_kv_heads
+    )
+  program = getattr(fn, "decode", fn)  # the accelerator form: one program, prefill then decode
+  args = (state, head_dv, None)
+  kv_per_row = (
+    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (prompt_len + steps) * model.dtype.itemsize
+  )
+  weights = tree_bytes(state)
+  devices = mesh.devices.size
+  # Model: the prefill's forward, then `steps` decode steps each reading this device's weights (as
+  # sharded; a program that gathers them reads more: see the compile's bytes) and its rows' cache.
+  flops = (forward_flops(cfg, prompts, prompt_len) + 2 * param_count(cfg) * rows * steps) / devices
+  bytes_model = steps * (weights + kv_per_row * rows / devices)
+  kv = kv_per_row * rows / GiB
+  detail = f"{prompts} prompts x n={n}, prompt {prompt_len}, {steps} new tokens; KV {kv:.1f} GiB (all rows)"
+
+  def gathered(compiled) -> str:  # weights all-gathered outside the decode loop: a whole copy each
+    if not hasattr(sampler_lib, "gathered_bytes"):
+      return ""
+    g = sampler_lib.gathered_bytes(compiled.as_text())
+    outside = g.get("outside", 0) / GiB
+    return f"weights {weights / GiB:.2f} GiB/device as sharded, all-gathered outside loops {outside:.2f} GiB"
+
+  return compile_program(
+    "sample", program, args, inputs, target, model=(flops, bytes_model), resident=resident, detail=detail,
+    describe=gathered,
+  )  # fmt: skip
+
+
+# ---- runs and the table ------------------------------------------------------------------------
+
+
+def target_names(spec: str) -> list[str]:
+  """Target names of a flag value: names, comma-separated, or "tpu" / "gpu" / "all"."""
+  groups = {"tpu": list(TPU_TARGETS), "gpu": list(GPU_TARGETS), "all": list(TARGETS)}
+  names = [n for part in spec.split(",") for n in groups.get(part.strip(), [part.strip()])]
+  unknown = [n for n in names if n not in TARGETS]
+  if unknown:
+    raise ValueError(f"unknown targets {unknown}; known: {list(TARGETS)} or tpu, gpu, all")
+  return names
+
+
+def run_plan(choose: Callable, preset: str, config: dict, target: Target, headroom: float) -> dict:
+  """A job's `choose(config, target, headroom=...)` as a JSON-able record (its error, if the
+  compiler refused every candidate)."""
+  record = dict(
+    preset=preset, target=target.name, platform=target.platform, devices=target.devices,
+    hbm_gib=target.hbm_bytes / GiB, headroom=headroom, jax=jax.__version__,
+  )  # fmt: skip
+  try:
+    choice = choose(config, target, headroom=headroom)
+  except Exception as e:  # noqa: BLE001 -- a compiler's refusal is the plan's finding
+    return {**record, "fits": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+  programs = [{**dataclasses.asdict(p), "peak": p.peak} for p in choice.programs]
+  flags = [f"--config.{k}={v}" for k, v in choice.overrides.items()]
+  return {**record, "fits": choice.fits, "overrides": choice.overrides, "flags": flags, "programs": programs}
+
+
+def summary(record: dict) -> str:
+  """A plan record as a few lines of text."""
+  head = f"{record['preset']} on {record['target']} ({record['devices']} x {record['hbm_gib']:.1f} GiB)"
+  if "error" in record:
+    return f"{head}: no plan: {record['error']}"
+  lines = [f"{head}: {'fits' if record['fits'] else 'DOES NOT FIT'} with {record['headroom']:.0%} headroom"]
+  for p in record["programs"]:
+    lines.append(
+      f"  {p['name']:<10} peak {p['peak'] / GiB:7.2f} GiB (args {p['arguments'] / GiB:.2f}, temps "
+      f"{p['temporaries'] / GiB:.2f}, resident {p['resident'] / GiB:.2f}); {p['flops']:.3g} FLOPs "
+      f"[{p['flops_source']}], {p['bytes_accessed']:.3g} B [{p['bytes_source']}]; "
+      f"roofline {p['seconds']:.3g} s" + (f"; {p['detail']}" if p["detail"] else "")
+    )
+  lines.append("  overrides: " + " ".join(record["flags"]))
+  return "\n".join(lines)
+
+
+def render(records: list[dict], *, date: str) -> str:
+  """docs/scale.md: every (preset, target) plan, one row per program, the sources marked."""
+  out = [
+    "# Scale: the paper presets planned for TPU slices and GPU nodes",
+    "",
+    f"Generated {date} by `scripts/plan_table.sh` (`python -m launch.plan ...",
+    "--out=docs/results/plan.jsonl`, then `python -m launch.plan --render=docs/results/plan.jsonl`);",
+    "do not edit by hand. Each program is",
+    "compiled ahead of time on a CPU host for the target (`lm/plan.py`): TPU through libtpu's topology",
+    "descriptions, GPU through XLA:GPU's deviceless compile against `lm/targets/*.textproto`.",
+    "",
+    "Columns, per device: **args / temps / peak** — XLA's memory analysis of the compiled program",
+    "(*compile*); peak = arguments + outputs − aliased + temporaries + resident, where *resident* (the",
+    "optimiser state beside `accumulate`, shapes × shardings) is a *model*. **FLOPs / bytes** — the",
+    "compile's cost analysis where the compiler gives one (TPU, CPU: *c*), else counted (*m*: 2 FLOPs per",
+    "matmul weight per token plus causal attention; `accumulate` = policy forward + backward +",
+    "reference forward (+1 forward under full remat); decode reads the weights and the rows' KV cache",
+    "every step). **roofline** — max(FLOPs / bf16 peak, bytes / HBM bandwidth) from the published",
+    "figures in `lm/plan.py` (always a *model*). **fit** — peak ≤ 75% of the device's memory.",
+    "",
+  ]
+  for preset in dict.fromkeys(r["preset"] for r in records):
+    out += [
+      f"## {preset}",
+      "",
+      "| target | fit | program | args GiB | temps GiB | peak GiB | of HBM | FLOPs | bytes | roofline s | notes |",
+      "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    flags_by_target = []
+    for r in (r for r in records if r["preset"] == preset):
+      if "error" in r:
+        out.append(f"| {r['target']} | no | — | | | | | | | | {r['error'][:160]} |")
+        continue
+      for p in r["programs"]:
+        share = p["peak"] / GiB / r["hbm_gib"]
+        out.append(
+          f"| {r['target']} | {'yes' if r['fits'] else 'no'} | {p['name']} | {p['arguments'] / GiB:.2f} | "
+          f"{p['temporaries'] / GiB:.2f} | {p['peak'] / GiB:.2f} | {share:.0%} | "
+          f"{p['flops']:.3g} ({p['flops_source'][0]}) | {p['bytes_accessed']:.3g} ({p['bytes_source'][0]}) | "
+          f"{p['seconds']:.3g} | {p['detail']} |"
+        )
+      flags_by_target.append(f"- {r['target']}: `{' '.join(r['flags'])}`")
+    out += ["", "Overrides the plan chose (`--config.*`):", "", *flags_by_target, ""]
+  return "\n".join(out) + "\n"

@@ -1,0 +1,118 @@
+"""Memory knobs and the plan (`lm.plan`, `dpa_grpo.plan`, docs/scale.md): per-layer remat and the
+micro-batch leave the train step's loss and gradients unchanged; the plan compiles the tiny preset's
+programs on 8 CPU devices, reads their memory, picks overrides that fit a stated budget, and the
+flags it emits parse back into the config."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import flags
+from flax import nnx
+from ml_collections import config_flags
+
+import lm
+from configs import dpa_grpo as dpa_configs
+from dpa_grpo import config as config_lib
+from dpa_grpo import game, losses, packing, step
+from dpa_grpo import plan as dpa_plan
+from dpa_grpo.policies import init_policies
+from lm import plan as plan_lib
+from lm import sharding
+from lm.config import ModelConfig
+from lm.model import REMAT_POLICIES
+
+
+@pytest.fixture(scope="module")
+def setup():
+  """A tiny backbone with two roles' adapters (B nonzero, so every adapter has a gradient) and 4
+  verifier pairs with alternating rewards."""
+  model = lm.Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
+  mesh = sharding.make_mesh(sharding.MeshConfig())
+  policies, trainable, frozen = init_policies(
+    model, config_lib.LoRAConfig(rank=4, alpha=8.0), game.ROLES, mesh, seed=1
+  )
+  rng = np.random.RandomState(0)
+  trainable = jax.tree_util.tree_map_with_path(
+    lambda path, x: jnp.asarray(0.1 * rng.randn(*x.shape), x.dtype) if "lora_b" in str(path) else x, trainable
+  )
+  items = [
+    packing.Item(
+      prompt=[3 + i, 9, 4 + i, 7],
+      completions=([5, 6 + i, 8], [11, 12]),
+      rewards=(float(i % 2), float(1 - i % 2)),
+      component=0,
+    )
+    for i in range(4)
+  ]
+  return policies, trainable, frozen, items
+
+
+def _step(setup, pairs: int, remat: str):
+  """(loss, grads) of one step's chunks of `pairs` pairs summed, as the trainer accumulates them."""
+  policies, trainable, frozen, items = setup
+  cfg = losses.DPALossConfig(components=("verdict",), component_weights=(1.0,), vocab_chunk=64, remat=remat)
+  grads, total = jax.tree.map(jnp.zeros_like, trainable), 0.0
+  for chunk in packing.dpa_chunks(items, 1, pairs, pad_id=0):
+    batch = {k: jnp.asarray(v) for k, v in chunk.items()}
+    grads, loss, _ = step.accumulate(
+      grads,
+      trainable,
+      frozen,
+      batch,
+      None,
+      policies=policies,
+      role="verifier",
+      method="dpa_grpo",
+      loss_cfg=cfg,
+    )
+    total += float(loss)
+  return total, jax.tree.map(np.asarray, grads)
+
+
+@pytest.mark.slow
+def test_remat_and_micro_batch_leave_loss_and_gradients_unchanged(setup):
+  base_loss, base_grads = _step(setup, pairs=4, remat="none")
+  assert any(np.abs(g).max() > 0 for g in jax.tree.leaves(base_grads))
+  for pairs, remat in [(4, "full"), (2, "dots_saveable")]:  # each a compile of its own
+    loss, grads = _step(setup, pairs=pairs, remat=remat)
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-5, atol=1e-6, err_msg=f"{pairs=} {remat=}")
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(base_grads), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"{pairs=} {remat=}")
+
+
+def test_remat_names_are_checked_where_the_config_is_built():
+  assert REMAT_POLICIES == ("none", "dots_saveable", "full")
+  with pytest.raises(ValueError, match="loss.remat"):
+    config_lib.LossConfig(remat="sometimes")
+
+
+@pytest.mark.slow
+def test_plan_compiles_the_tiny_preset_and_its_overrides_fit_and_parse_back():
+  budget = 64 * 2**20  # per device: what the chosen setting must fit in with 25% headroom
+  config = dpa_configs.get_config("tiny").to_dict()
+  target = plan_lib.cpu_target(8, budget)
+  choice = dpa_plan.choose(config, target, headroom=0.25, length=64, sample_rows=8, prompt_tokens=16)
+  names = [p.name for p in choice.programs]
+  assert names == ["accumulate", "apply", "sample"]
+  for p in choice.programs:
+    assert p.arguments > 0 and p.temporaries >= 0 and p.flops > 0 and p.seconds > 0, p
+  assert choice.fits
+  assert max(p.peak for p in choice.programs[:2]) <= 0.75 * budget
+  record = plan_lib.run_plan(lambda c, t, headroom: choice, "configs/dpa_grpo.py:tiny", config, target, 0.25)
+  assert "accumulate" in plan_lib.summary(record) and "| cpu-8 | yes | accumulate |" in plan_lib.render(
+    [record], date="today"
+  )
+  # The emitted flags parse back into the preset's config, and the typed config takes them.
+  argv = ["prog", "--config=configs/dpa_grpo.py:tiny", *record["flags"]]
+  holder = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=holder, lock_config=False, sys_argv=argv)
+  holder(argv)
+  parsed = config_lib.ExperimentConfig.from_dict(holder.config.to_dict())
+  assert parsed.loss.remat == choice.overrides["loss.remat"]
+  assert parsed.train.pairs_per_chunk == choice.overrides["train.pairs_per_chunk"]
+
+
+def test_qwen3_4b_presets_ship_the_plans_remat():
+  assert dpa_configs.get_config("qwen3_4b").loss.remat == "full"
+  assert dpa_configs.get_config("cpu").loss.remat == "none"
