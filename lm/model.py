@@ -161,12 +161,14 @@ class Qwen(nnx.Module):
     remat: bool | str = False,
     layer_weights: LayerWeights | None = None,
     matmul: Matmul = jnp.matmul,
+    prefix_mask: Array | None = None,
   ) -> tuple[Array, Cache | None]:
     """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read.
 
     `layer_weights` (from `unstacked_layer_weights`) lets a decode loop split the stacked weights
     once, outside the loop, instead of slicing every layer's weights at every step; with fused
-    ones (`fuse_projections`), `matmul` computes their products (`decoder_layer`).
+    ones (`fuse_projections`), `matmul` computes their products (`decoder_layer`). `prefix_mask`
+    [P, Lp]: the rows share their prompts' cached keys (`cached_decoder_stack`).
     """
     length = tokens.shape[1]
     if cache is None:
@@ -205,6 +207,7 @@ class Qwen(nnx.Module):
         dtype=self.dtype,
         constrain=self._constrain,
         matmul=matmul,
+        prefix_mask=prefix_mask,
       )
     return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
 
@@ -333,15 +336,71 @@ class CausalMask:
   offset: Array | int = 0
 
 
-def attend(q: Array, k: Array, v: Array, mask: Array | CausalMask, block: int) -> Array:
+@dataclasses.dataclass(frozen=True)
+class SharedPrefixMask:
+  """The mask of rows that share their prompt's keys: the n samples of each of P prompts, B = P·n
+  rows, prompt-major. `own` [B, T, S] masks each row's own (generated) keys; `prefix` [P, Lp] the
+  prompt keys every sample of that prompt reads (True = a real token), kept once per prompt in
+  the layer cache's "prefix_k" / "prefix_v" [P, K, Lp, H] (`shared_prefix_attention`)."""
+
+  own: Array
+  prefix: Array
+
+
+def attend(
+  q: Array,
+  k: Array,
+  v: Array,
+  mask: Array | CausalMask | SharedPrefixMask,
+  block: int,
+  prefix: tuple[Array, Array] | None = None,
+) -> Array:
   """The attention of every caller (sampler prefill and decode, scoring, training).
 
   A full mask [B, T, S] runs the plain `attention`; a `CausalMask` (what the stacks pass for
-  sequences longer than `block`) runs `blockwise_attention`.
+  sequences longer than `block`) runs `blockwise_attention`; a `SharedPrefixMask` (the sampler's
+  decode with `prefix`, the prompt keys and values) runs `shared_prefix_attention`.
   """
+  if isinstance(mask, SharedPrefixMask):
+    return shared_prefix_attention(q, k, v, mask.own, *prefix, mask.prefix)
   if isinstance(mask, CausalMask):
     return blockwise_attention(q, k, v, mask.key_mask, mask.offset, block=block)
   return attention(q, k, v, mask)
+
+
+def shared_prefix_attention(
+  q: Array, k: Array, v: Array, mask: Array, prefix_k: Array, prefix_v: Array, prefix_mask: Array
+) -> Array:
+  """Grouped-query attention of B = P·n rows (n per prompt, prompt-major) over two parts: their
+  prompt's keys, held once per prompt, and their own.
+
+  One softmax over both parts' scores (equal to merging two partial softmaxes by their
+  log-sum-exps), so the result is `attention` over the concatenated keys, without repeating the
+  prompt's keys and values n times.
+
+  Args:
+    q: [B, T, N, H] queries.
+    k, v: [B, K, S, H] each row's own keys and values; mask: [B, T, S].
+    prefix_k, prefix_v: [P, K, Lp, H] the prompts' keys and values; prefix_mask: [P, Lp] (True = a
+      real token: every query may attend every real prompt key).
+
+  Returns:
+    [B, T, N, H] in q's dtype; scores and softmax in float32.
+  """
+  b, t, n_heads, h = q.shape
+  prompts, kv_heads, prompt_len = prefix_k.shape[:3]
+  n, g = b // prompts, n_heads // kv_heads
+  q = q.reshape(prompts, n, t, kv_heads, g, h)
+  k, v = (x.reshape(prompts, n, *x.shape[1:]) for x in (k, v))  # [P, n, K, S, H]
+  f32 = jnp.float32
+  shared = jnp.einsum("pntkgh,pksh->pnkgts", q, prefix_k, preferred_element_type=f32) * (h**-0.5)
+  shared = jnp.where(prefix_mask[:, None, None, None, None, :], shared, _NEG_INF)  # [P, n, K, G, T, Lp]
+  own = jnp.einsum("pntkgh,pnksh->pnkgts", q, k, preferred_element_type=f32) * (h**-0.5)
+  own = jnp.where(mask.reshape(prompts, n, 1, 1, t, -1), own, _NEG_INF)  # [P, n, K, G, T, S]
+  probs = jax.nn.softmax(jnp.concatenate([shared, own], axis=-1), axis=-1).astype(v.dtype)
+  out = jnp.einsum("pnkgts,pksh->pntkgh", probs[..., :prompt_len], prefix_v, preferred_element_type=f32)
+  out = out + jnp.einsum("pnkgts,pnksh->pntkgh", probs[..., prompt_len:], v, preferred_element_type=f32)
+  return out.astype(v.dtype).reshape(b, t, n_heads, h)
 
 
 def blockwise_attention(
@@ -474,14 +533,18 @@ def decoder_layer(
   q = rope(q, positions, config.rope_theta)
   k = rope(k, positions, config.rope_theta).swapaxes(1, 2)  # [B, K, T, H]
   v = v.swapaxes(1, 2)
+  prefix = None
   if kv is not None:
     kv = {
+      **kv,  # a shared prompt's "prefix_k" / "prefix_v" (`SharedPrefixMask`) pass through unchanged
       "k": jax.lax.dynamic_update_slice_in_dim(kv["k"], k.astype(kv["k"].dtype), cache_index, axis=2),
       "v": jax.lax.dynamic_update_slice_in_dim(kv["v"], v.astype(kv["v"].dtype), cache_index, axis=2),
     }
     if not _is_prefill(cache_index):
       k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
-  attn = attend(q, k, v, mask, config.attention_block)  # [B, T, N, H]
+    if "prefix_k" in kv:
+      prefix = (kv["prefix_k"].astype(dtype), kv["prefix_v"].astype(dtype))
+  attn = attend(q, k, v, mask, config.attention_block, prefix)  # [B, T, N, H]
   if "o_xd" in w:
     x = x + matmul(attn.reshape(*attn.shape[:2], -1), w["o_xd"].astype(dtype))
   else:
@@ -602,15 +665,20 @@ def cached_decoder_stack(
   dtype: Any,
   constrain=lambda x: x,
   matmul: Matmul = jnp.matmul,
+  prefix_mask: Array | None = None,
 ) -> tuple[Array, Cache]:
   """All layers with a KV cache, unrolled: each layer reads its own weight and cache buffers.
 
   Unrolling (instead of scanning) is what keeps a decode step at one read of every weight: a scan
   over stacked weights copies each layer's slice, and a scanned cache is rewritten every step.
+  With `prefix_mask` [P, Lp] the rows share their prompts' keys (`SharedPrefixMask`): each layer's
+  cache also holds "prefix_k" / "prefix_v", and `key_mask` and `cache_index` count own slots only.
   """
   length = x.shape[1]
   keys = key_mask[:, :length] if _is_prefill(cache_index) else key_mask  # see `decoder_layer`
   mask = _attention_mask(keys, length, cache_index, config.attention_block)
+  if prefix_mask is not None:
+    mask = SharedPrefixMask(mask, prefix_mask.astype(bool))
   new_cache = []
   for w, kv in zip(layer_weights, cache, strict=True):
     x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype, matmul)
