@@ -3,12 +3,14 @@
 Shapes stay static under jit: prompts are left-padded to a length bucket, the prompt batch to a
 row bucket, the number of new tokens to a step bucket; per-row sampling parameters are arrays,
 so changing temperature, top-p, top-k, the seed or `max_new_tokens` never recompiles. The n
-samples of a prompt share one prefill (its KV cache is repeated n times) and each sample row
+samples of a prompt share one prefill (and on a mesh or an accelerator its KV cache, held once:
+`SamplerConfig.share_prefix`; on one CPU device it is repeated n times) and each sample row
 draws from its own key `fold_in(fold_in(key(seed), j), step)`: sample j of a prompt is the same
 whether the prompt is sampled alone or inside any batch.
 
 Log-probs are those of the model itself (no temperature or truncation applied), the quantity RL
-losses and `lm.scoring` use.
+losses and `lm.scoring` use. On a mesh the weights decode tensor parallel, never gathered whole
+(`lm.sharding.DECODE_SHARDING`; docs/sampler.md).
 """
 
 from __future__ import annotations
