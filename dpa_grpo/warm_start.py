@@ -152,7 +152,7 @@ def run(config: config_lib.ExperimentConfig, workdir: str, cases: Sequence[taxca
     log_every=max(ws.steps // 10, 1),
     vocab_chunk=config.loss.vocab_chunk,
   )
-  model, history = sft.train_sft(model, pooled, sft_cfg, pad_id=tokenizer.pad_id)
+  model, history = sft.train_sft(model, pooled, sft_cfg, pad_id=tokenizer.pad_id, label="warm start")
   hf.save_hf(model, workdir)
   tokenizer.hf.save_pretrained(workdir)
   rundir.write_json(

@@ -31,7 +31,7 @@ from kace import (
   synthetic,
 )
 from kace import config as config_lib
-from lm import rundir
+from lm import progress, rundir
 from lm.gates import GateError
 
 _log = logging.getLogger(__name__)
@@ -329,6 +329,7 @@ def testbed_comparison(
       errors[seed] = e
       return
     ordered = {s: results[s] for s in seeds if s in results}  # seed order, whatever finished first
+    progress.note(f"testbed seeds done: {len(results)} of {len(seeds)}")
     _testbed_report(config, workdir, gates, ordered)
 
   if workers == 1:

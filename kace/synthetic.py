@@ -503,9 +503,11 @@ def _train(
   if first_phase:
     steps = config.curriculum_steps
     first = dataclasses.replace(sft_config, steps=steps, log_every=max(1, steps // 10))
-    model, history = sft.train_sft(model, encode(first_phase), first, pad_id=tokenizer.pad_id)
+    model, history = sft.train_sft(
+      model, encode(first_phase), first, pad_id=tokenizer.pad_id, label="solver build (curriculum)"
+    )
     history = [{**h, "phase": "curriculum"} for h in history]
-  model, main = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id)
+  model, main = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id, label="solver build")
   history += main
   hf.save_hf(model, path, dtype="float32")
   return model, history, len(ids)

@@ -29,6 +29,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, TypeVar
 
@@ -251,6 +252,12 @@ def typed(flag: flags.FlagHolder, make: Callable[[Any], T]) -> T:
   return config
 
 
+def work(what: str) -> Any:
+  """The progress phase (`lm.progress`) a launcher runs its library call in, once its config is
+  checked: a start line, a line at least every 30 s, an end line, whatever the log verbosity."""
+  return progress.phase(f"{os.path.basename(sys.argv[0])}: {what}")
+
+
 def prepare_workdir(config: Any) -> str:
   """`--workdir` created, checked against and stamped with `config` (see the module docstring)."""
   return rundir.prepare_workdir(WORKDIR.value, config, allow_changes=ALLOW_CONFIG_CHANGE.value)
@@ -303,6 +310,8 @@ def run(main: Callable[[list[str]], Any], *, required: Iterable[str] = ("workdir
       logging.set_verbosity(logging.WARNING)
       for name in ("absl", "orbax", "jax"):
         std_logging.getLogger(name).setLevel(std_logging.WARNING)
+      # XLA:CPU cannot reuse every donated buffer; the warning says nothing a user can act on
+      warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     return main(args)
 
   app.run(quiet_main, flags_parser=_parse_flags)

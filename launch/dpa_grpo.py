@@ -23,7 +23,8 @@ def main(argv):
   config = common.typed(_CONFIG, lambda c: ExperimentConfig.from_dict(c.to_dict()))  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
-  reproduce.run(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
+  with common.work(f"{config.method} into {workdir}"):
+    reproduce.run(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
 
 
 def run():

@@ -36,7 +36,8 @@ def main(argv):
     common.fail(f"--seeds must be integers, got {_SEEDS.value}")
   sharding.initialize_distributed()
   workdir = common.WORKDIR.value
-  testbed.run(config, workdir, arms=arms, seeds=seeds, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
+  with common.work(f"testbed into {workdir}"):
+    testbed.run(config, workdir, arms=arms, seeds=seeds, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
   with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
     print(f.read())
 

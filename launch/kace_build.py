@@ -18,7 +18,8 @@ def main(_):
   config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
-  pipeline.build(config, workdir)
+  with common.work(f"build into {workdir}"):
+    pipeline.build(config, workdir)
 
 
 def run():

@@ -16,9 +16,10 @@ def main(_):
   config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
   sharding.initialize_distributed()
   # resolved first: evaluate.run records the resolved config, which a resume must compare against
-  config = evaluate.resolve(config)
-  workdir = common.prepare_workdir(config)
-  evaluate.run(config, workdir)
+  with common.work(f"evaluation into {common.WORKDIR.value}"):
+    config = evaluate.resolve(config)
+    workdir = common.prepare_workdir(config)
+    evaluate.run(config, workdir)
 
 
 def run():

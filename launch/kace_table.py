@@ -17,7 +17,8 @@ def main(_):
   config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
-  pipeline.table(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
+  with common.work(f"table into {workdir}"):
+    pipeline.table(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
   print(open(f"{workdir}/table.md").read())
 
 

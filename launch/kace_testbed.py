@@ -23,12 +23,13 @@ _GATES_ONLY = flags.DEFINE_bool("gates_only", False, "only build the solver; mea
 def main(_):
   config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
   sharding.initialize_distributed()
-  path = pipeline.run_testbed(
-    common.WORKDIR.value,
-    config,
-    allow_config_change=common.ALLOW_CONFIG_CHANGE.value,
-    gates_only=_GATES_ONLY.value,
-  )
+  with common.work(f"testbed into {common.WORKDIR.value}"):
+    path = pipeline.run_testbed(
+      common.WORKDIR.value,
+      config,
+      allow_config_change=common.ALLOW_CONFIG_CHANGE.value,
+      gates_only=_GATES_ONLY.value,
+    )
   with open(path, encoding="utf-8") as f:
     print(f.read())
 

@@ -15,7 +15,8 @@ def main(_):
   config = common.typed(_CONFIG, lambda c: TheoryConfig.from_dict(c.to_dict()))  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
-  plots.run_theory(config, workdir)
+  with common.work(f"theory into {workdir}"):
+    plots.run_theory(config, workdir)
 
 
 def run():

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from lm import scoring, sharding
+from lm import progress, scoring, sharding
 from lm.model import Qwen
 from lm.shapes import round_up
 
@@ -136,14 +136,20 @@ def bucketed_order(lengths: Sequence[int], batch_size: int, steps: int, seed: in
 
 
 def train_sft(
-  model: Qwen, examples: Sequence[Example], config: SFTConfig = SFTConfig(), *, pad_id: int | None = None
+  model: Qwen,
+  examples: Sequence[Example],
+  config: SFTConfig = SFTConfig(),
+  *,
+  pad_id: int | None = None,
+  label: str = "supervised training",
 ) -> tuple[Qwen, list[dict[str, float]]]:
   """Trains `model` on (prompt ids, completion ids) pairs; returns the trained model and metrics.
 
   The completion should end with the token that stops generation (EOS) so the model learns to
   stop. `model` itself is left untouched (the result is a new module). Metrics entries hold
   `step`, `loss` (mean NLL per completion token of that step's batch), `grad_norm`, `lr`,
-  `tokens` and `seconds` since the start (compilation included).
+  `tokens` and `seconds` since the start (compilation included). It runs as the progress phase
+  `label` (`lm.progress`: a line at least every 30 s whatever the log verbosity).
   """
   if not examples:
     raise ValueError("train_sft needs at least one example")
@@ -163,17 +169,19 @@ def train_sft(
     order = bucketed_order(lengths, config.batch_size, config.steps, config.seed, config.bucket_batches)
   else:
     order = batch_order(len(examples), config.batch_size, config.steps, config.seed)
-  for i, rows in enumerate(order):
-    packed = scoring.pack_pairs(
-      [examples[r][0] for r in rows],
-      [examples[r][1] for r in rows],
-      pad_id=pad_id,
-      length_multiple=config.length_multiple if config.bucket_by_length else width,
-    )
-    params, opt_state, metrics = step(params, opt_state, {k: jnp.asarray(v) for k, v in packed.items()})
-    if (i + 1) % config.log_every == 0 or i + 1 == config.steps:
-      entry = {k: float(v) for k, v in sharding.to_host(metrics).items()}
-      entry.update(step=i + 1, lr=float(schedule(i)), seconds=time.perf_counter() - start)
-      history.append(entry)
-      _log.info("sft step %d loss %.4f", i + 1, entry["loss"])
+  with progress.phase(label, f"{config.steps} steps"):
+    for i, rows in enumerate(order):
+      packed = scoring.pack_pairs(
+        [examples[r][0] for r in rows],
+        [examples[r][1] for r in rows],
+        pad_id=pad_id,
+        length_multiple=config.length_multiple if config.bucket_by_length else width,
+      )
+      params, opt_state, metrics = step(params, opt_state, {k: jnp.asarray(v) for k, v in packed.items()})
+      if (i + 1) % config.log_every == 0 or i + 1 == config.steps:
+        entry = {k: float(v) for k, v in sharding.to_host(metrics).items()}
+        entry.update(step=i + 1, lr=float(schedule(i)), seconds=time.perf_counter() - start)
+        history.append(entry)
+        _log.info("sft step %d loss %.4f", i + 1, entry["loss"])
+      progress.note(f"step {i + 1}/{config.steps}" + (f", loss {history[-1]['loss']:.4f}" if history else ""))
   return nnx.merge(graphdef, params), history
