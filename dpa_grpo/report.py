@@ -203,6 +203,65 @@ def per_line_figure(evals: dict[str, dict[int, dict]], figure_dir: str) -> str:
   return path
 
 
+# Panels of the training curves: title, y label, and which series of a metrics.jsonl row each draws
+# ({label suffix: (row section, key)}; section "" is the row itself, "rollout" the training play).
+CURVE_PANELS = (
+  (
+    "loss",
+    "loss",
+    lambda row: {k.split("/")[0]: row[k] for k in row if k.count("/") == 1 and k.endswith("/loss")},
+  ),
+  (
+    "reward",
+    "accuracy (outcome reward)",
+    lambda row: {
+      **({"training play": row["rollout"]["accuracy"]} if "accuracy" in row.get("rollout", {}) else {}),
+      **({"test (greedy)": row["eval"]["accuracy"]} if "accuracy" in row.get("eval", {}) else {}),
+    },
+  ),
+  (
+    "KL to the reference",
+    "KL estimate",
+    lambda row: {k.rsplit("/", 1)[0]: row[k] for k in row if k.endswith("/kl")},
+  ),
+  (
+    "decision rates (training play)",
+    "rate",
+    lambda row: {k: row["rollout"][k] for k in ("sac_rate", "revise_rate") if k in row.get("rollout", {})},
+  ),
+)
+
+
+def training_curves(workdir: str, methods: Sequence[str], figure_dir: str) -> str | None:
+  """figures/training_curves.png: loss, reward (training-play and test accuracy), KL and the
+  verifier's / generator's decision rates per step, one line per method and series, read from each
+  method's metrics.jsonl; None when no method logged a training step."""
+  series: list[dict[str, list[tuple[int, float]]]] = [{} for _ in CURVE_PANELS]
+  for method in methods:
+    for row in rundir.read_jsonl(os.path.join(workdir, method, "metrics.jsonl")):
+      for panel, (_, _, pick) in zip(series, CURVE_PANELS, strict=True):
+        for name, value in pick(row).items():
+          if isinstance(value, (int, float)):
+            panel.setdefault(f"{LABELS.get(method, method)}: {name}", []).append((row["step"], float(value)))
+  if not any(len(pts) > 1 for panel in series for pts in panel.values()):
+    return None
+  fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(4.2 * len(CURVE_PANELS), 3.2), squeeze=False)
+  for ax, panel, (title, ylabel, _) in zip(axes.flat, series, CURVE_PANELS, strict=True):
+    for label, pts in sorted(panel.items()):
+      ax.plot([s for s, _ in pts], [v for _, v in pts], "o-", ms=2, label=label)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("training step")
+    if panel:
+      ax.legend(fontsize=6)
+  fig.tight_layout()
+  os.makedirs(figure_dir, exist_ok=True)
+  path = os.path.join(figure_dir, "training_curves.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 # ---- tables -----------------------------------------------------------------------------------------
 
 
@@ -330,8 +389,14 @@ def write(workdir: str, config: config_lib.ExperimentConfig, methods: Sequence[s
       ]
   md += ["", anchoring_note(config.loss)]
   summary["per_line_figure"] = per_line_figure(evals, figure_dir)
+  summary["training_curves"] = training_curves(workdir, methods, figure_dir)
   md += [
     "",
+    *(
+      ["![training curves: loss, reward, KL, decision rates](figures/training_curves.png)"]
+      if summary["training_curves"]
+      else []
+    ),
     "![per-line accuracy](figures/per_line_accuracy.png)",
     "![theory overlay](figures/theory_overlay.png)",
   ]
