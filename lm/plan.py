@@ -430,6 +430,12 @@ def render(records: list[dict], *, date: str) -> str:
     "figures in `lm/plan.py` (always a *model*). **fit** — the program's peak ≤ 75% of the device's",
     "memory (the plan's 25% headroom); the overrides are chosen so the training programs fit.",
     "",
+    "Shapes are the presets' with stated assumptions (`dpa_grpo/plan.py`, `kace/plan.py`): prompts of",
+    "2,048 tokens; DPA-GRPO's loss rows are prompt + its longest completion, bucketed as packing does,",
+    "for the verifier role; its sampler at 256 rows a call (the trainer's `max_rows`), n = 1; KACE's",
+    "solver at its preset's sampling budget and `max_rows`, n = 1. A target's devices: a v5p-N name",
+    "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips).",
+    "",
   ]
   for preset in dict.fromkeys(r["preset"] for r in records):
     out += [
