@@ -41,7 +41,7 @@ from dpa_grpo.testbed_arms import (  # noqa: F401  (re-exported: callers read th
   format_gates,
   run_dir,
 )
-from lm import rundir, stats
+from lm import progress, rundir, stats
 from lm.gates import GateError
 
 _log = logging.getLogger(__name__)
@@ -195,6 +195,7 @@ def run(
   stamp = {"experiment": config.to_dict(), "testbed": {"arms": list(arms), "seeds": list(seeds)}}
   rundir.prepare_workdir(workdir, stamp, allow_changes=allow_config_change)
   checkpoint = ensure_warm_start(config, workdir)
+  progress.note("step-0 gates")
   gates(config, checkpoint, workdir)
   summary: dict[str, Any] = {}
   for seed in seeds:
@@ -205,6 +206,7 @@ def run(
       rundir.prepare_workdir(path, cfg, allow_changes=allow_config_change)
       if not done:
         _log.info("testbed: %s seed %d", name, seed)
+        progress.note(f"training arm {name}, seed {seed} ({len(arms)} arms x {len(seeds)} seeds)")
         train.run(cfg, path)
       summary = testbed_report.write(workdir, config, arms, seeds)
   return summary
