@@ -445,7 +445,8 @@ def render(records: list[dict], *, date: str) -> str:
       "|" + "---|" * len(COLUMNS),
     ]
     flags_by_target = []
-    for r in (r for r in records if r["preset"] == preset):
+    order = {name: i for i, name in enumerate(TARGETS)}
+    for r in sorted((r for r in records if r["preset"] == preset), key=lambda r: order.get(r["target"], -1)):
       if "error" in r:
         out.append(f"| {r['target']} | no | — | | | | | | | | {r['error'][:160]} |")
         continue
