@@ -325,12 +325,16 @@ _HF_IDS = {"qwen3_4b": "Qwen/Qwen3-4B", "qwen3_8b": "Qwen/Qwen3-8B"}
 
 def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str, str]:
   """{config field: Hugging Face model id} of the real weights a paper preset runs on; the
-  launchers refuse such a preset while the field is empty (launch/common.py)."""
-  del config
-  size, _ = parse_preset(preset or "cpu")
-  return {"model.checkpoint": _HF_IDS[size]} if size in _HF_IDS else {}
+  launchers refuse such a preset while the field is empty (launch/common.py). Read from the
+  config's `model.preset`, so a paper preset run on a tiny model (the README's CPU smoke command,
+  `--config.model.preset=tiny_qwen3`) needs none."""
+  del preset
+  return {"model.checkpoint": _HF_IDS[config.model.preset]} if config.model.preset in _HF_IDS else {}
 
 
 def random_init(preset: str, config: ml_collections.ConfigDict) -> bool:
-  """Whether the preset starts from a small randomly initialised model (said in the first line)."""
-  return parse_preset(preset or "cpu")[0] in ("cpu", "tiny", "testbed") and not config.model.checkpoint
+  """Whether the run starts from a small randomly initialised model (said in the first line): no
+  checkpoint and a model that is not a paper size (the tiny presets, or a paper preset's CPU smoke
+  run on `model.preset=tiny_qwen3`)."""
+  del preset
+  return config.model.preset not in _HF_IDS and not config.model.checkpoint
