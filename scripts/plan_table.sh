@@ -8,7 +8,8 @@ root="${1:-/work/venvs}"
 cd "$(dirname "$0")/.."
 out=docs/results/plan.jsonl
 mkdir -p docs/results && : > "$out"
-export PYTHONPATH="$PWD" JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=2
+# ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise refuses a second process on the host (its lockfile).
+export PYTHONPATH="$PWD" JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=2 ALLOW_MULTIPLE_LIBTPU_LOAD=1
 for platform in tpu gpu; do
   venv="$root/$([[ $platform == gpu ]] && echo cuda || echo tpu)"
   for preset in configs/dpa_grpo.py:qwen3_4b configs/kace.py:qwen3_4b; do
