@@ -134,6 +134,7 @@ class Choice:
   overrides: dict[str, Any]
   programs: list[plan_lib.ProgramPlan]
   fits: bool
+  tried: tuple[str, ...] = ()  # the candidates before it that did not fit, and why
 
 
 # Tried in order, fastest first: remat none → dots_saveable → full, then smaller micro-batches.
@@ -155,7 +156,7 @@ def choose(
   `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise)."""
   budget = (1 - headroom) * target.hbm_bytes
   base = config_lib.ExperimentConfig.from_dict(config)
-  choice = None
+  choice, tried = None, []
   start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
   for remat, divide in CANDIDATES[start:]:
     pairs = max(1, base.train.pairs_per_chunk // divide)
@@ -164,16 +165,31 @@ def choose(
       loss=dataclasses.replace(base.loss, remat=remat),
       train=dataclasses.replace(base.train, pairs_per_chunk=pairs),
     )
-    train_programs = programs(exp, target, sample=False, length=length)
-    fits = max(p.peak for p in train_programs) <= budget
     overrides = {"loss.remat": remat, "train.pairs_per_chunk": pairs, **_mesh_overrides(exp.mesh)}
-    choice = Choice(overrides=overrides, programs=train_programs, fits=fits)
-    if fits:
+    try:
+      train_programs = programs(exp, target, sample=False, length=length)
+    except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
+      if plan_lib.refusal(e) is None:
+        raise
+      tried.append(f"remat {remat}, {pairs} pairs: refused ({plan_lib.refusal(e)})")
+      choice = Choice(overrides=overrides, programs=[], fits=False, tried=tuple(tried))
+      continue
+    peak = max(p.peak for p in train_programs)
+    choice = Choice(overrides=overrides, programs=train_programs, fits=peak <= budget, tried=tuple(tried))
+    if choice.fits:
       break
+    tried.append(f"remat {remat}, {pairs} pairs: peak {peak / plan_lib.GiB:.1f} GiB")
   if sample:
-    sampled = programs(
-      base, target, train=False, length=length, sample_rows=sample_rows, prompt_tokens=prompt_tokens
-    )
+    try:
+      sampled = programs(
+        base, target, train=False, length=length, sample_rows=sample_rows, prompt_tokens=prompt_tokens
+      )
+    except Exception as e:  # noqa: BLE001 -- the sampler refused for memory: the training plan stands
+      if plan_lib.refusal(e) is None:
+        raise
+      return dataclasses.replace(
+        choice, tried=(*choice.tried, f"sampler at {sample_rows} rows: refused ({plan_lib.refusal(e)})")
+      )
     choice = dataclasses.replace(choice, programs=[*choice.programs, *sampled])
   return choice
 

@@ -21,6 +21,7 @@ class Choice:
   overrides: dict[str, Any]
   programs: list[plan_lib.ProgramPlan]
   fits: bool
+  tried: tuple[str, ...] = ()  # the row counts before it that did not fit, and why
 
 
 def solver_program(config: dict, target: plan_lib.Target, *, rows: int, prompt_tokens: int = PROMPT_TOKENS):
@@ -52,12 +53,20 @@ def choose(
   budget = (1 - headroom) * target.hbm_bytes
   solver = config["roles"]["solver"]
   most = solver["sampler"].get("max_rows", 256)
-  choice = None
+  choice, tried = None, []
   for rows in [r for r in ROWS if r <= most] or [most]:
-    program = solver_program(config, target, rows=rows, prompt_tokens=prompt_tokens)
     overrides = {"roles.solver.sampler.max_rows": rows}
     overrides |= {f"roles.solver.mesh.{k}": v for k, v in solver["mesh"].items()}
-    choice = Choice(overrides=overrides, programs=[program], fits=program.peak <= budget)
+    try:
+      program = solver_program(config, target, rows=rows, prompt_tokens=prompt_tokens)
+    except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
+      if plan_lib.refusal(e) is None:
+        raise
+      tried.append(f"{rows} rows: refused ({plan_lib.refusal(e)})")
+      choice = Choice(overrides=overrides, programs=[], fits=False, tried=tuple(tried))
+      continue
+    choice = Choice(overrides=overrides, programs=[program], fits=program.peak <= budget, tried=tuple(tried))
     if choice.fits:
       break
+    tried.append(f"{rows} rows: peak {program.peak / plan_lib.GiB:.1f} GiB")
   return choice

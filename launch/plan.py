@@ -51,6 +51,7 @@ def main(argv):
   for name in plan_lib.target_names(_TARGET.value):
     target = plan_lib.TARGETS[name]
     result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
+    result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
     print(plan_lib.summary(result))
     if _OUT.value:
       os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

@@ -162,6 +162,13 @@ class ProgramPlan:
     return self.arguments + self.outputs - self.aliased + self.temporaries + self.resident
 
 
+def refusal(error: Exception) -> str | None:
+  """The compiler's out-of-memory refusal in `error` (libtpu refuses a program whose temporaries
+  exceed the chip's HBM at compile time), else None: a plan treats it as a candidate that does not fit."""
+  text = str(error)
+  return text.split("\n")[0][:300] if "RESOURCE_EXHAUSTED" in text else None
+
+
 def tree_bytes(tree: Any) -> int:
   """Bytes per device of a tree of (abstract or real) sharded arrays: each leaf's shard."""
   total = 0
@@ -374,7 +381,9 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
     return {**record, "fits": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
   programs = [{**dataclasses.asdict(p), "peak": p.peak} for p in choice.programs]
   flags = [f"--config.{k}={v}" for k, v in choice.overrides.items()]
-  return {**record, "fits": choice.fits, "overrides": choice.overrides, "flags": flags, "programs": programs}
+  tried = list(choice.tried)
+  return {**record, "fits": choice.fits, "overrides": choice.overrides, "flags": flags, "programs": programs,
+          "tried": tried}  # fmt: skip
 
 
 def summary(record: dict) -> str:
@@ -390,6 +399,7 @@ def summary(record: dict) -> str:
       f"[{p['flops_source']}], {p['bytes_accessed']:.3g} B [{p['bytes_source']}]; "
       f"roofline {p['seconds']:.3g} s" + (f"; {p['detail']}" if p["detail"] else "")
     )
+  lines += [f"  tried first: {t}" for t in record.get("tried", [])]
   lines.append("  overrides: " + " ".join(record["flags"]))
   return "\n".join(lines)
 
@@ -458,6 +468,9 @@ def render(records: list[dict], *, date: str) -> str:
           f"{p['flops']:.3g} ({p['flops_source'][0]}) | {p['bytes_accessed']:.3g} ({p['bytes_source'][0]}) | "
           f"{p['seconds']:.3g} | {p['detail']} |"
         )
-      flags_by_target.append(f"- {r['target']}: `{' '.join(r['flags'])}`")
+      tried = "".join(f"; before it, {t}" for t in r.get("tried", []))
+      if r.get("given"):
+        tried += f"; the plan started from `{' '.join(r['given'])}`"
+      flags_by_target.append(f"- {r['target']}: `{' '.join(r['flags'])}`{tried}")
     out += ["", "Overrides the plan chose (`--config.*`):", "", *flags_by_target, ""]
   return "\n".join(out) + "\n"
