@@ -79,6 +79,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       group_carry="first",  # generator-only: the draft carried to later lines (reference: best)
       unparsed_revision="missing",  # or "keep_draft": S_z = 0 and a REVISE on it submits x
       decision_note=False,  # copy-and-check: KEEP / REVISE prompt says which amount matches the field
+      engine="jax",  # or "openai": roles sampled from a serving engine as LoRA adapters (docs/dpa_grpo.md)
+      engine_url="",  # the engine's OpenAI base URL, e.g. http://127.0.0.1:8000/v1
+      engine_adapter_dir="",  # where adapters are written for the engine ("": <workdir>/engine_adapters)
     )
   )
   # DPA-GRPO loss (dpa_grpo.losses): β, KL estimator (k1 = the reference code; k3; exact), weighting

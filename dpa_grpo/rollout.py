@@ -28,21 +28,29 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import json
+import os
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
 from dpa_grpo import game
 from dpa_grpo.envs import copycheck, taxcalc
 from lm import sampler as sampler_lib
-from lm import seeding
+from lm import scoring, seeding
 from lm import text as text_lib
 
 KEEP_RULES = ("majority", "logprob", "first_parseable", "first")
 CONTEXTS = ("submitted", "draft")
 GROUP_CARRIES = ("first", "best")
 UNPARSED_REVISIONS = ("missing", "keep_draft")
+ENGINES = ("jax", "openai")
 _PHASES = {"draft": 0, "verify": 1, "revise": 2, "decide": 3, "explore": 4, "group": 5}
 
 
@@ -76,6 +84,13 @@ class RolloutConfig:
       `dual_rollout.py`): scored wrong (S_z = 0), and a REVISE on it submits the draft x.
     decision_note: the copy-and-check family's KEEP / REVISE prompt ends with which of the draft
       and the revision equals the field (`copycheck.decision_note`); off: the prompt as before.
+    engine: who samples — "jax" (the in-process `lm.Sampler`) or "openai" (a serving engine at
+      `engine_url` — vLLM, SGLang, `lm.server` — each role served as its LoRA adapter by name,
+      `EngineRolePolicy`; the trainer syncs the adapters after every update and rescores what
+      was sampled itself).
+    engine_url: the engine's OpenAI base URL ("http://host:port/v1") with engine="openai".
+    engine_adapter_dir: where the trainer writes the roles' PEFT adapters for the engine to load
+      (a path the engine can read); "": `<workdir>/engine_adapters`.
   """
 
   lines: tuple[str, ...] = taxcalc.LINE_IDS
@@ -101,8 +116,15 @@ class RolloutConfig:
   group_carry: str = "first"
   unparsed_revision: str = "missing"
   decision_note: bool = False
+  engine: str = "jax"
+  engine_url: str = ""
+  engine_adapter_dir: str = ""
 
   def __post_init__(self):
+    if self.engine not in ENGINES:
+      raise ValueError(f"rollout.engine must be one of {ENGINES}, got {self.engine!r}")
+    if self.engine == "openai" and not self.engine_url:
+      raise ValueError("rollout.engine='openai' needs rollout.engine_url (e.g. http://127.0.0.1:8000/v1)")
     if self.unparsed_revision not in UNPARSED_REVISIONS:
       raise ValueError(
         f"unparsed_revision must be one of {UNPARSED_REVISIONS}, got {self.unparsed_revision!r}"
@@ -172,6 +194,11 @@ class RolePolicy:
   def prompt_ids(self, prompt: str) -> list[int]:
     return self.tokenizer.encode_chat(text_lib.user_chat(prompt), enable_thinking=self.enable_thinking)
 
+  def set_model(self, model) -> None:
+    """Samples from `model` (the role's view) from now on."""
+    self.sampler.model = model
+    self.sampler.refresh()
+
   def generate(
     self,
     prompts: Sequence[str],
@@ -204,6 +231,179 @@ class RolePolicy:
       ]
       for texts, toks, lps, fins in zip(out.texts, out.tokens, out.logprobs, out.finish_reasons, strict=True)
     ]
+    return ids, samples
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk"))
+def _rescore(graphdef, state, tokens, attention_mask, *, chunk: int):
+  return scoring.token_logprobs(nnx.merge(graphdef, state), tokens, attention_mask, chunk=chunk)
+
+
+def rescore(
+  model,
+  prompts: Sequence[Sequence[int]],
+  completions: Sequence[Sequence[int]],
+  *,
+  pad_id: int,
+  chunk: int = 8192,
+) -> list[np.ndarray]:
+  """log π(completion token | prompt, earlier tokens) under `model` for every (prompt, completion):
+  one array per completion. Rows are padded to a power of two and columns to a multiple of 64, so
+  calls of similar sizes share a compiled program."""
+  batch = scoring.pack_pairs(prompts, completions, pad_id=pad_id, length_multiple=64)
+  rows = len(prompts)
+  padded = 1 << max(rows - 1, 0).bit_length()
+  if padded > rows:  # dummy rows: one pad token, attended to, scored and dropped
+    extra = {k: np.zeros((padded - rows, v.shape[1]), v.dtype) for k, v in batch.items()}
+    extra["attention_mask"][:, -1] = 1
+    batch = {k: np.concatenate([v, extra[k]]) for k, v in batch.items()}
+  graphdef, state = nnx.split(model)
+  logp = np.asarray(_rescore(graphdef, state, batch["tokens"], batch["attention_mask"], chunk=chunk))
+  width = batch["tokens"].shape[1]
+  return [logp[i, width - len(c) :] if len(c) else logp[i, :0] for i, c in enumerate(completions)]
+
+
+def load_adapter(engine_url: str, name: str, path: str, timeout: float = 600.0) -> None:
+  """Has the engine (re)load the PEFT adapter at `path` as model `name` (`/v1/load_lora_adapter`,
+  vLLM's endpoint, which `lm.server` implements too). `load_inplace` replaces an adapter already
+  loaded under the name; a vLLM without it answers 400, and the adapter is unloaded and loaded."""
+
+  def post(route: str, body: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+      f"{engine_url.rstrip('/')}/{route}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+      response.read()
+
+  try:
+    post("load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": True})
+  except urllib.error.HTTPError as error:
+    detail = error.read().decode(errors="replace")
+    if error.code != 400 or "already" not in detail:
+      raise RuntimeError(
+        f"{engine_url}: load_lora_adapter {name!r} from {path}: {error.code} {detail}"
+      ) from error
+    post("unload_lora_adapter", {"lora_name": name})
+    post("load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+
+@dataclasses.dataclass
+class LogprobGap:
+  """|engine log-prob − trainer log-prob| over the sampled tokens since the last `take`: the
+  engine and the trainer drifting apart (other weights, other numerics) is a known RL failure."""
+
+  total: float = 0.0
+  worst: float = 0.0
+  tokens: int = 0
+
+  def add(self, engine: Sequence[float], trainer: np.ndarray) -> None:
+    diff = np.abs(np.asarray(engine, np.float64) - np.asarray(trainer, np.float64))
+    self.total += float(diff.sum())
+    self.worst = max(self.worst, float(diff.max(initial=0.0)))
+    self.tokens += diff.size
+
+  def take(self) -> dict[str, float]:
+    """{"mean_abs", "max", "tokens"} and a reset; empty when nothing was sampled."""
+    out = (
+      {"mean_abs": self.total / self.tokens, "max": self.worst, "tokens": self.tokens} if self.tokens else {}
+    )
+    self.total, self.worst, self.tokens = 0.0, 0.0, 0
+    return out
+
+
+class EngineRolePolicy:
+  """One role's text sampler on a serving engine: the role's LoRA adapter served by name.
+
+  `generate` sends every prompt (chat-formatted here, as text) to the engine's /v1/completions
+  with model=`name`, asking for each sampled token's id and log-prob; the trainer rescores those
+  ids under its own view of the role (`rescore`), and the sample's `mean_logprob` is the
+  trainer's. `gap` (shared by the roles) collects the engine-vs-trainer difference. `set_model`
+  writes the view's adapter in PEFT format under `adapter_dir/name` and has the engine load it
+  (`load_adapter`), so the engine samples the parameters the trainer holds.
+  """
+
+  def __init__(
+    self,
+    generator,
+    tokenizer,
+    enable_thinking: bool | None,
+    *,
+    name: str,
+    engine_url: str,
+    adapter_dir: str,
+    peft: Mapping[str, Any],
+    gap: LogprobGap,
+    chunk: int = 8192,
+  ):
+    self.generator = generator  # an lm.generators.OpenAIGenerator(model=name, token_ids=True)
+    self.tokenizer = tokenizer
+    self.enable_thinking = enable_thinking
+    self.name = name
+    self.engine_url = engine_url
+    self.adapter_dir = adapter_dir
+    self.peft = dict(peft)  # rank, alpha, target_modules, base_model_name of lora.save_peft
+    self.chunk = chunk
+    self.model = None
+    self.gap = gap  # shared by the roles: the trainer reads it once per step
+
+  def prompt_text(self, prompt: str) -> str:
+    return self.tokenizer.apply_chat_template(
+      text_lib.user_chat(prompt), enable_thinking=self.enable_thinking
+    )
+
+  def set_model(self, model) -> None:
+    from lm import lora
+
+    if model.lora is None:
+      raise ValueError(f"rollout.engine='openai' serves role {self.name!r} as a LoRA adapter: it has none")
+    path = os.path.abspath(os.path.join(self.adapter_dir, self.name))
+    lora.save_peft(model.lora, path, **self.peft)
+    load_adapter(self.engine_url, self.name, path)
+    self.model = model
+
+  def generate(
+    self,
+    prompts: Sequence[str],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    max_new_tokens: int,
+    seeds: Sequence[int],
+  ) -> tuple[list[list[int]], list[list[Sample]]]:
+    """As `RolePolicy.generate`, from the engine."""
+    from lm import generators
+
+    if not prompts:
+      return [], []
+    texts = [self.prompt_text(p) for p in prompts]
+    ids = [self.tokenizer.encode(t) for t in texts]
+    params = [
+      generators.GenerationParams(
+        max_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=int(s),
+        logprobs=True,
+      )
+      for s in seeds
+    ]
+    out = self.generator.generate(texts, n, params)
+    flat = [(i, g) for i, gens in enumerate(out) for g in gens]
+    trainer = rescore(
+      self.model,
+      [ids[i] for i, _ in flat],
+      [g.token_ids for _, g in flat],
+      pad_id=self.tokenizer.pad_id,
+      chunk=self.chunk,
+    )
+    samples: list[list[Sample]] = [[] for _ in prompts]
+    for (i, g), logp in zip(flat, trainer, strict=True):
+      self.gap.add(g.logprobs, logp)
+      mean = float(np.mean(logp)) if len(logp) else 0.0
+      samples[i].append(Sample(g.text, tuple(g.token_ids), mean, g.finish_reason))
     return ids, samples
 
 

@@ -118,14 +118,18 @@ class Trainer:
       )
     self.pad_id = self.tokenizer.pad_id
     self.batch_multiple = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
-    self.samplers = {
-      role: rollout.RolePolicy(
-        sampler_lib.Sampler(self._view(role), tokenizer=self.tokenizer, mesh=self.mesh, config=_SAMPLER),
-        self.tokenizer,
-        self.rollout_cfg.enable_thinking,
-      )
-      for role in game.ROLES
-    }
+    self.gap = rollout.LogprobGap()  # the roles' engine-vs-trainer log-prob gap (engine "openai")
+    if self.rollout_cfg.engine == "openai":
+      self.samplers = self._engine_policies(workdir)
+    else:
+      self.samplers = {
+        role: rollout.RolePolicy(
+          sampler_lib.Sampler(self._view(role), tokenizer=self.tokenizer, mesh=self.mesh, config=_SAMPLER),
+          self.tokenizer,
+          self.rollout_cfg.enable_thinking,
+        )
+        for role in game.ROLES
+      }
     best = ckpt_lib.CheckpointConfig(
       max_to_keep=config.train.keep_checkpoints, best_metric=BEST_METRIC, best_mode="max", keep_best=1
     )
@@ -142,8 +146,45 @@ class Trainer:
 
   def _refresh_samplers(self) -> None:
     for role, policy in self.samplers.items():
-      policy.sampler.model = self._view(role)
-      policy.sampler.refresh()
+      if role in self.roles or self.rollout_cfg.engine == "jax":  # an engine serves trained roles only
+        policy.set_model(self._view(role))
+
+  def _engine_policies(self, workdir: str) -> dict[str, rollout.EngineRolePolicy]:
+    """Each trained role sampled from the serving engine at `rollout.engine_url` as its LoRA
+    adapter (model name = the role), its adapter synced now and after every update."""
+    from lm import generators
+
+    c, r = self.config, self.rollout_cfg
+    if not c.lora.enabled:
+      raise ValueError("rollout.engine='openai' serves each role as its LoRA adapter: set lora.enabled=True")
+    peft = dict(
+      rank=c.lora.rank,
+      alpha=c.lora.alpha,
+      target_modules=tuple(c.lora.targets),
+      base_model_name=c.model.checkpoint or c.model.preset,
+    )
+    policies = {
+      role: rollout.EngineRolePolicy(
+        generators.OpenAIGenerator(r.engine_url, role, token_ids=True, max_concurrency=64),
+        self.tokenizer,
+        r.enable_thinking,
+        name=role,
+        engine_url=r.engine_url,
+        adapter_dir=r.engine_adapter_dir or os.path.join(workdir, "engine_adapters"),
+        peft=peft,
+        gap=self.gap,
+        chunk=c.loss.vocab_chunk,
+      )
+      for role in self.roles
+    }
+    for role, policy in policies.items():
+      policy.set_model(self._view(role))
+    return policies
+
+  def _engine_gap(self) -> dict[str, float]:
+    """The engine-vs-trainer log-prob gap over the tokens every role sampled since the last call
+    (none with the jax engine): `engine_gap/mean_abs`, `engine_gap/max`, `engine_gap/tokens`."""
+    return {f"engine_gap/{k}": v for k, v in self.gap.take().items()}
 
   # -- checkpoints --
 
@@ -217,10 +258,12 @@ class Trainer:
       len(self.train_cases), size=min(c.data.batch_cases, len(self.train_cases)), replace=False
     )
     cases = [self.train_cases[i] for i in sorted(batch_idx)]
+    self._engine_gap()  # what evaluation sampled is not this step's
     if c.train.update_every == "case":
       return self._per_case_step(step, cases)
     t0 = time.perf_counter()
     chunks, records, rollout_metrics = self._chunks(step, cases)
+    gap = self._engine_gap()
     t1 = time.perf_counter()
     metrics, grad_norm, tokens = self._update(chunks, step)
     t2 = time.perf_counter()
@@ -230,6 +273,7 @@ class Trainer:
     return {
       "step": step,
       **metrics,
+      **gap,
       "grad_norm": float(grad_norm),
       "rollout": rollout_metrics,
       "rollout_s": t1 - t0,
@@ -263,6 +307,7 @@ class Trainer:
     return {
       "step": step,
       **sums,
+      **self._engine_gap(),
       "grad_norm": float(np.mean(norms)),
       "updates": len(cases),
       "rollout": rollout_metrics,

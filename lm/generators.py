@@ -235,6 +235,10 @@ class OpenAIGenerator:
   Per-sample `completion_tokens` is the number of log-probs when the server returns them; otherwise
   the response's total spread evenly over its n samples (servers report usage per request), so sums
   over samples match the server's count either way.
+
+  `token_ids=True` asks text completions that request log-probs for the sampled token ids too
+  (vLLM's `return_tokens_as_token_ids`, which `lm.server` also honours: each logprobs token is
+  "token_id:<int>"), so a trainer can rescore exactly what was sampled (`dpa_grpo.rollout`).
   """
 
   def __init__(
@@ -246,6 +250,7 @@ class OpenAIGenerator:
     max_concurrency: int = 8,
     max_retries: int = 5,
     timeout: float = 600.0,
+    token_ids: bool = False,
   ):
     # Local servers usually need no key; "EMPTY" is vLLM's convention for that case.
     api_key = os.environ.get(api_key_env) or "EMPTY"
@@ -254,6 +259,7 @@ class OpenAIGenerator:
     self.client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries, timeout=timeout)
     self.model = model
     self.max_concurrency = max_concurrency
+    self.token_ids = token_ids
 
   def generate(
     self,
@@ -282,8 +288,15 @@ class OpenAIGenerator:
     if isinstance(prompt, str):
       if params.logprobs:
         kwargs["logprobs"] = 0  # the sampled token's log-prob, no alternatives
+        if self.token_ids:
+          kwargs["logprobs"] = 1  # vLLM returns the sampled token's with 0 too; 1 is what it documents
+          extra_body["return_tokens_as_token_ids"] = True
       response = self.client.completions.create(prompt=prompt, extra_body=extra_body or None, **kwargs)
       choices = [(c.text, c.finish_reason, _completion_logprobs(c)) for c in _by_index(response.choices)]
+      ids = [
+        _completion_token_ids(c, self.model) if self.token_ids and params.logprobs else None
+        for c in _by_index(response.choices)
+      ]
     else:
       if params.enable_thinking is not None:
         extra_body["chat_template_kwargs"] = {"enable_thinking": params.enable_thinking}
@@ -295,18 +308,19 @@ class OpenAIGenerator:
       choices = [
         (c.message.content or "", c.finish_reason, _chat_logprobs(c)) for c in _by_index(response.choices)
       ]
+      ids = [None] * len(choices)
     usage = response.usage
     spread = _spread(usage.completion_tokens if usage else 0, len(choices))
     return [
       Generation(
         text=text,
-        token_ids=None,
+        token_ids=token_ids,
         logprobs=logprobs,
         finish_reason=reason,
         prompt_tokens=usage.prompt_tokens if usage else 0,
         completion_tokens=len(logprobs) if logprobs is not None else count,
       )
-      for (text, reason, logprobs), count in zip(choices, spread, strict=True)
+      for (text, reason, logprobs), token_ids, count in zip(choices, ids, spread, strict=True)
     ]
 
 
@@ -317,6 +331,17 @@ def _by_index(choices):
 def _completion_logprobs(choice) -> list[float] | None:
   lp = choice.logprobs
   return None if lp is None or lp.token_logprobs is None else [float(x) for x in lp.token_logprobs]
+
+
+def _completion_token_ids(choice, model: str) -> list[int]:
+  """The sampled ids of a completion asked with `return_tokens_as_token_ids` ("token_id:<int>")."""
+  tokens = None if choice.logprobs is None else choice.logprobs.tokens
+  if tokens is None or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+    raise ValueError(
+      f"model {model!r}: the server returned no token ids (logprobs.tokens {str(tokens)[:80]}); it must "
+      "support return_tokens_as_token_ids (vLLM, lm.server)"
+    )
+  return [int(t.split(":", 1)[1]) for t in tokens]
 
 
 def _chat_logprobs(choice) -> list[float] | None:

@@ -53,3 +53,28 @@ def test_chunk_shares_add_up_to_the_step_mean():
   assert list(chunks[1]["component"]) == [0, -1, -1, -1]  # one item, the penalty row, two pads
   np.testing.assert_allclose(chunks[1]["row_penalty"][1], [0.5 / 3, 0.0])  # per unit of component 0
   np.testing.assert_array_equal(chunks[0]["completion_mask"][1, -2:], [1, 1])
+
+
+@pytest.mark.slow  # a sampler and a scorer compile: ~10 s alone
+def test_rescore_gives_the_samplers_own_token_logprobs():
+  """What an engine sampled is rescored by the trainer (`rollout.rescore`); on the in-process
+  sampler's own samples it must return the sampler's log-probs (the engine gap of a faithful
+  engine: float noise)."""
+  from flax import nnx
+
+  import lm
+  from lm.config import ModelConfig
+  from lm.sampler import Sampler
+
+  model = lm.Qwen(ModelConfig.tiny_qwen3(64), rngs=nnx.Rngs(0))
+  prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 8]]
+  out = Sampler(model).generate(prompts, max_new_tokens=6, n=2, temperature=1.0, seed=0)
+  flat_prompts = [p for p in prompts for _ in range(2)]
+  tokens = [t for row in out.tokens for t in row]
+  ours = rollout.rescore(model, flat_prompts, tokens, pad_id=0)
+  for mine, theirs in zip(ours, [lp for row in out.logprobs for lp in row], strict=True):
+    np.testing.assert_allclose(mine, theirs, atol=2e-4)
+  gap = rollout.LogprobGap()
+  gap.add([-1.0, -2.0], np.array([-1.5, -2.0]))
+  gap.add([-0.25], np.array([-0.0]))
+  assert gap.take() == {"mean_abs": 0.25, "max": 0.5, "tokens": 3} and gap.take() == {}
