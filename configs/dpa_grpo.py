@@ -3,6 +3,8 @@
 Presets (`--config=configs/dpa_grpo.py:<preset>`):
   cpu (default)   tiny Qwen3-style model on synthetic TY24 forms, LoRA, CPU-sized everything
   testbed         the same model on copy-and-check cases (launch/dpa_testbed.py: arms x seeds)
+  testbed_v2      testbed v2 (issue 39): the decision has a signal; the paper's revision mechanism
+                  against a proposal-only ablation, 60 steps (docs/dpa_grpo.md, "Testbed v2")
   tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
   qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
   qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
@@ -14,7 +16,7 @@ Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.da
 import ml_collections
 
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
-_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed")
+_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed", "testbed_v2")
 
 
 def parse_preset(preset: str) -> tuple[str, str]:
@@ -231,8 +233,10 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     # (8 devices); with it the plan fits H100 x8 and v5p-8 with 25% headroom (docs/scale.md).
     c.loss.remat = "full"
     _reference_training(c)
-  if size == "testbed":
+  if size in ("testbed", "testbed_v2"):
     _testbed(c)
+  if size == "testbed_v2":
+    _testbed_v2(c)
   if method == "zero_shot":
     c.train.steps = 0
   return c
@@ -321,6 +325,19 @@ def _testbed(c: ml_collections.ConfigDict) -> None:
   c.lora.update(rank=8, alpha=16.0)
   c.loss.vocab_chunk = 512
   c.train.update(steps=15, eval_every=5, patience=100, checkpoint_every=5, pairs_per_chunk=32)
+
+
+def _testbed_v2(c: ml_collections.ConfigDict) -> None:
+  """Testbed v2 (issue 39; docs/dpa_grpo.md, "Testbed v2"): v1's cases and warm start, but the
+  KEEP / REVISE decision has something it can learn. Its prompt says which amount matches the field
+  (`copycheck.decision_note`); its warm-start examples show wrong revisions from the line's answer
+  pool (v1: corrupted amounts off it, so the decision learned "KEEP" on every play) and turn a
+  REVISE label into KEEP with probability 0.5 x the desk's habit (north 0.8, south 0.2), so the
+  greedy decision revises at one desk and keeps at the other: room to learn, not constant.
+  60 steps (the issue's 60-100) for the arms of `testbed_arms.V2_ARMS`, nine seeds."""
+  c.rollout.decision_note = True
+  c.warm_start.update(decide_style="habit", decide_keep=0.5)
+  c.train.update(steps=60, eval_every=15, checkpoint_every=15)
 
 
 _HF_IDS = {"qwen3_4b": "Qwen/Qwen3-4B", "qwen3_8b": "Qwen/Qwen3-8B"}

@@ -350,6 +350,11 @@ class WarmStartConfig:
     revise_wrong: share of revision targets replaced by a plausible wrong amount.
     verify_pairs: every unit gives the verifier both a right and a wrong proposal (a contrastive
       pair on one prompt) instead of one of them (`wrong_fraction`); off: the stream as before.
+    decide_style: the KEEP / REVISE examples. "oracle" (testbed v1): x and z each right half the
+      time, a wrong z a corrupted amount off the answer pool, the oracle's label. "habit" (testbed
+      v2, `dpa_grpo.envs.copycheck`): a wrong z from the line's answer pool, and a REVISE label
+      turned KEEP with probability `decide_keep` times the desk's `copycheck.habit`.
+    decide_keep: see `decide_style` ("habit" only).
     cache_dir: where the copy-and-check testbed keeps its warm starts, one directory per
       `testbed.warm_start_key` (not part of the key), so run directories on one machine share them;
       "": inside the run directory (`<workdir>/warm_start/`).
@@ -366,10 +371,14 @@ class WarmStartConfig:
   verify_flip: float = 0.0
   revise_wrong: float = 0.0
   verify_pairs: bool = False
+  decide_style: str = "oracle"
+  decide_keep: float = 0.0
   cache_dir: str = ""
 
   def __post_init__(self):
-    for name in ("draft_wrong", "verify_flip", "revise_wrong"):
+    if self.decide_style not in ("oracle", "habit"):
+      raise ValueError(f"warm_start.decide_style must be 'oracle' or 'habit', got {self.decide_style!r}")
+    for name in ("draft_wrong", "verify_flip", "revise_wrong", "decide_keep"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"warm_start.{name} must be in [0, 1], got {getattr(self, name)}")
     unknown = set(self.turns) - set(TURNS)

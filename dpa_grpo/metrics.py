@@ -63,6 +63,45 @@ def game_metrics(
   }
 
 
+def proportion(hits: Sequence[bool]) -> dict[str, Any]:
+  """{rate, ci (Wilson 95%), k, n} of a list of outcomes; rate nan when empty."""
+  k, n = sum(bool(h) for h in hits), len(hits)
+  low, high = stats.wilson_interval(k, n)
+  return {"rate": k / n if n else float("nan"), "ci": [low, high], "k": k, "n": n}
+
+
+# The conditional decision rates of played units' records (testbed v2, docs/dpa_grpo.md): key and
+# printed name (`decision_rates` computes them).
+DECISION_RATES = {
+  "revise_given_sac_wrong": "P(REVISE | SAC, draft wrong)",
+  "revise_given_sac_right": "P(REVISE | SAC, draft right)",
+  "revise_given_fixable": "P(REVISE | SAC, draft wrong, revision right)",
+  "ns_given_right": "P(NS | draft right)",
+  "z_right_given_sac_wrong": "P(z right | SAC, draft wrong)",
+  "revision_success": "P(z right | REVISE, draft wrong)",
+}
+
+
+def decision_rates(records: Sequence[dict[str, Any]], lines: Sequence[str] | None = None) -> dict[str, Any]:
+  """`DECISION_RATES` of unit records (`rollout.Unit.record`), on `lines` (None: all), so the
+  decision and the draft are measured apart: each a `proportion`. A decision forced by exploration
+  (`forced_revise`) is not the policy's, so it leaves the decision rates (not the z rates)."""
+  rs = [r for r in records if lines is None or r["line"] in lines]
+  sac = [r for r in rs if r["verifier_action"] == "SAC"]
+  chosen = [r for r in sac if not r.get("forced_revise") and r.get("generator_action") is not None]
+  revise = lambda r: r["generator_action"] == "REVISE"
+  wrong = [r for r in chosen if not r["x_right"]]
+  sac_wrong = [r for r in sac if not r["x_right"] and r["z_right"] is not None]
+  return {
+    "revise_given_sac_wrong": proportion([revise(r) for r in wrong]),
+    "revise_given_sac_right": proportion([revise(r) for r in chosen if r["x_right"]]),
+    "revise_given_fixable": proportion([revise(r) for r in wrong if r["z_right"]]),
+    "ns_given_right": proportion([r["verifier_action"] == "NS" for r in rs if r["x_right"]]),
+    "z_right_given_sac_wrong": proportion([bool(r["z_right"]) for r in sac_wrong]),
+    "revision_success": proportion([bool(r["z_right"]) for r in wrong if revise(r)]),
+  }
+
+
 @dataclasses.dataclass
 class _GroupView:
   line_id: str

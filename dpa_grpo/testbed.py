@@ -28,20 +28,28 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import game, rollout, setup, testbed_report, train, warm_start
+from dpa_grpo import game, metrics, rollout, setup, testbed_report, train, warm_start
 from dpa_grpo.envs import copycheck
 from dpa_grpo.testbed_arms import (  # noqa: F401  (re-exported: callers read them here too)
+  ALL_ARMS,
   ARMS,
   GATE_DRAFT,
   GATE_FIX,
   GATE_SAC_GAP,
+  GATE_V2_KEEP_FIXABLE,
+  GATE_V2_MIN_FIXABLE,
+  GATE_V2_ON_POOL,
   SEEDS,
+  V2_ARMS,
+  V2_SEEDS,
   Arm,
   arm_config,
+  default_arms,
   format_gates,
+  is_v2,
   run_dir,
 )
-from lm import progress, rundir, stats
+from lm import progress, rundir
 from lm.gates import GateError
 
 _log = logging.getLogger(__name__)
@@ -52,6 +60,9 @@ VALIDATION_SPLIT = "validation"
 # The rollout fields the warm start's examples and task tokenizer read (`rollout.gold_episodes`,
 # `RolloutConfig.answer`); sampling settings do not change what it trains on.
 _WARM_START_ROLLOUT_KEYS = ("lines", "answer_format", "compact_forms", "enable_thinking")
+# Warm-start fields added for testbed v2: left out of the key at these values, so v1's warm starts
+# (and their recorded results) keep their keys.
+_WARM_START_V2_DEFAULTS = {"decide_style": "oracle", "decide_keep": 0.0}
 
 
 def _prompt_texts(config: config_lib.ExperimentConfig) -> list[str]:
@@ -77,6 +88,9 @@ def warm_start_key(config: config_lib.ExperimentConfig) -> str:
   d = config.to_dict()
   parts = {k: d[k] for k in ("model", "data", "warm_start", "mesh")}
   parts["warm_start"] = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}  # where, not what
+  for key, default in _WARM_START_V2_DEFAULTS.items():  # v1's keys stay as they were before v2's fields
+    if parts["warm_start"].get(key) == default:
+      del parts["warm_start"][key]
   parts["rollout"] = {k: d["rollout"][k] for k in _WARM_START_ROLLOUT_KEYS}
   parts["seed"], parts["vocab_chunk"] = d["seed"], d["loss"]["vocab_chunk"]
   parts["prompts"] = _prompt_texts(config)
@@ -106,11 +120,7 @@ def gate_measures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
   the SAC rate on wrong and on right drafts, P(z right | x wrong) after a SAC, with Wilson
   intervals and counts."""
 
-  def rate(hits: Sequence[bool]) -> dict[str, Any]:
-    k, n = sum(hits), len(hits)
-    low, high = stats.wilson_interval(k, n)
-    return {"rate": k / n if n else float("nan"), "ci": [low, high], "k": k, "n": n}
-
+  rate = metrics.proportion
   lines = list(dict.fromkeys(r["line"] for r in records))
   sac = lambda rs: [r["verifier_action"] == "SAC" for r in rs]
   wrong = [r for r in records if not r["x_right"]]
@@ -132,6 +142,30 @@ def gate_measures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
   }
 
 
+def v2_gate_measures(records: Sequence[dict[str, Any]], greedy: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """Testbed v2's step-0 measures: the share of wrong revisions (every sampled revision of a SAC'd
+  wrong draft that is not the gold) on the line's answer pool, from the sampled play `records`;
+  the greedy decision's KEEP rate on SAC'd wrong drafts whose revision is right, and its
+  `metrics.decision_rates`, from the `greedy` play's records."""
+  wrong_revisions = [
+    (r["line"], a)
+    for r in records
+    if r["verifier_action"] == "SAC" and not r["x_right"]
+    for a in r["revision_amounts"]
+    if a is None or float(a) != float(r["gold"])
+  ]
+  fixable = [
+    r
+    for r in greedy
+    if r["verifier_action"] == "SAC" and not r["x_right"] and r["z_right"] and not r.get("forced_revise")
+  ]
+  return {
+    "wrong_revision_on_pool": metrics.proportion([copycheck.on_pool(line, a) for line, a in wrong_revisions]),
+    "greedy_keep_fixable": metrics.proportion([r["generator_action"] == "KEEP" for r in fixable]),
+    "greedy_decision": metrics.decision_rates(greedy),
+  }
+
+
 def judge_gates(m: dict[str, Any]) -> list[str]:
   """The failed gates of `gate_measures` output, each as a sentence (empty: all pass)."""
   failed = []
@@ -148,18 +182,32 @@ def judge_gates(m: dict[str, Any]) -> list[str]:
   fix = m["z_right_given_x_wrong"]["rate"]
   if not inside(fix, GATE_FIX):  # nan (no SAC'd wrong draft) fails too
     failed.append(f"P(z right | x wrong) is {fix:.3f}, outside {GATE_FIX}")
+  if "v2" in m:
+    pool, keep = m["v2"]["wrong_revision_on_pool"], m["v2"]["greedy_keep_fixable"]
+    if not pool["rate"] >= GATE_V2_ON_POOL:  # nan fails
+      failed.append(f"wrong revisions on the answer pool {pool['rate']:.3f}, below {GATE_V2_ON_POOL}")
+    if keep["n"] < GATE_V2_MIN_FIXABLE:
+      failed.append(
+        f"{keep['n']} greedy SAC'd wrong drafts with a right revision, fewer than {GATE_V2_MIN_FIXABLE}"
+      )
+    elif not inside(keep["rate"], GATE_V2_KEEP_FIXABLE):
+      failed.append(
+        f"greedy KEEP rate on SAC'd wrong drafts with a right revision {keep['rate']:.3f}, "
+        f"outside {GATE_V2_KEEP_FIXABLE}"
+      )
   return failed
 
 
 def gates(config: config_lib.ExperimentConfig, checkpoint: str, workdir: str) -> dict[str, Any]:
   """Plays the validation draw once at step 0 with the warm-started roles (the training
   temperature, exploration on, as a training step plays) and writes gates.json; raises GateError
-  when a gate fails. Done once: a second call reads gates.json."""
+  when a gate fails. Testbed v2 (`is_v2`) also plays the draw greedily (evaluation) for its
+  decision gate (gates/greedy_records.jsonl). Done once: a second call reads gates.json."""
   path = os.path.join(workdir, "gates.json")
   if os.path.exists(path):
     result = rundir.read_json(path)
   else:
-    arm = ARMS["dpa_k1"]
+    arm = V2_ARMS["dpa_paper"] if is_v2(config) else ARMS["dpa_k1"]
     cfg = arm_config(config, arm, config.seed, checkpoint)
     run_dir = rundir.prepare_workdir(os.path.join(workdir, "gates"), cfg, allow_changes=True)
     trainer = train.Trainer(cfg, run_dir)
@@ -170,6 +218,17 @@ def gates(config: config_lib.ExperimentConfig, checkpoint: str, workdir: str) ->
       os.path.join(run_dir, "records.jsonl"), "".join(json.dumps(r) + "\n" for r in records)
     )
     measures = gate_measures(records)
+    if is_v2(config):
+      greedy = [
+        u.record()
+        for u in rollout.play(
+          validation_cases(config), g, v, cfg.rollout, seed=config.seed, step=0, greedy=True
+        )
+      ]
+      rundir.atomic_write_text(
+        os.path.join(run_dir, "greedy_records.jsonl"), "".join(json.dumps(r) + "\n" for r in greedy)
+      )
+      measures["v2"] = v2_gate_measures(records, greedy)
     result = {"measures": measures, "failed": judge_gates(measures), "checkpoint": checkpoint}
     rundir.write_json(path, result)
   print(format_gates(result))
@@ -182,16 +241,19 @@ def run(
   config: config_lib.ExperimentConfig,
   workdir: str,
   *,
-  arms: Sequence[str] = tuple(ARMS),
-  seeds: Sequence[int] = SEEDS,
+  arms: Sequence[str] | None = None,
+  seeds: Sequence[int] | None = None,
   allow_config_change: bool = False,
 ) -> dict[str, Any]:
   """Warm start, gates, then every arm for every seed (seed-major, so a partial run covers every
   arm), the report rewritten after each; returns the report's summary. `workdir` is created or
-  resumed for this config, arms and seeds (`lm.rundir.prepare_workdir`), as is each run in it."""
-  unknown = sorted(set(arms) - set(ARMS))
+  resumed for this config, arms and seeds (`lm.rundir.prepare_workdir`), as is each run in it.
+  `arms` / `seeds` None: the testbed's own (`default_arms`; v1 `SEEDS`, v2 `V2_SEEDS`)."""
+  arms = default_arms(config) if arms is None else tuple(arms)
+  seeds = (V2_SEEDS if is_v2(config) else SEEDS) if seeds is None else tuple(seeds)
+  unknown = sorted(set(arms) - set(ALL_ARMS))
   if unknown:
-    raise ValueError(f"unknown arm(s) {unknown}; arms are {sorted(ARMS)}")
+    raise ValueError(f"unknown arm(s) {unknown}; arms are {sorted(ALL_ARMS)}")
   stamp = {"experiment": config.to_dict(), "testbed": {"arms": list(arms), "seeds": list(seeds)}}
   rundir.prepare_workdir(workdir, stamp, allow_changes=allow_config_change)
   checkpoint = ensure_warm_start(config, workdir)
@@ -200,7 +262,7 @@ def run(
   summary: dict[str, Any] = {}
   for seed in seeds:
     for name in arms:
-      cfg = arm_config(config, ARMS[name], seed, checkpoint)
+      cfg = arm_config(config, ALL_ARMS[name], seed, checkpoint)
       path = run_dir(workdir, name, seed)
       done = os.path.exists(os.path.join(path, "summary.json"))
       rundir.prepare_workdir(path, cfg, allow_changes=allow_config_change)

@@ -19,6 +19,14 @@ from dpa_grpo import config as config_lib
 GATE_DRAFT = (0.4, 0.8)  # P(x right) of every line: about 0.5-0.7
 GATE_SAC_GAP = (0.1, 0.7)  # SAC rate on wrong drafts minus on right drafts: informative, far from perfect
 GATE_FIX = (0.2, 0.6)  # P(z right | x wrong) after a SAC
+# Testbed v2's gates (issue 39; written 2026-12-03 before any v2 run, docs/dpa_grpo.md "Testbed v2"),
+# on top of the three above: "the decision has a signal" means wrong revisions look like answers
+# (on the line's answer pool, so only a comparison with the field tells them apart), and the
+# greedy decision is not constant where REVISE pays: on SAC'd wrong drafts whose revision is right
+# it KEEPs sometimes (room to learn) and REVISEs sometimes (it can read the note), on enough units.
+GATE_V2_ON_POOL = 0.8  # lower bound: share of wrong revisions (SAC'd wrong drafts) on the answer pool
+GATE_V2_KEEP_FIXABLE = (0.2, 0.8)  # greedy KEEP rate on SAC'd wrong drafts with a right revision
+GATE_V2_MIN_FIXABLE = 10  # at least this many such units in the greedy play
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,6 +58,40 @@ ARMS = {
 }
 SEEDS = (0, 1, 2)
 
+# Testbed v2 (`is_v2`): the paper's mechanism against the same method with its revision channel
+# off. Both keep the proposal and verifier losses; only the revise turn's group (the reference's
+# revision_weight 1.0 with its filter, `_reference_training` in configs/dpa_grpo.py) and the
+# KEEP / REVISE pair differ.
+V2_ARMS = {
+  a.name: a
+  for a in (
+    Arm(
+      name="dpa_paper",
+      method="dpa_grpo",
+      label="DPA-GRPO, the paper's mechanism (revision weight 1.0, decision pair on)",
+      loss=dict(kl="k1", revision_weight=1.0, revision_filter=True, decision_weight=1.0),
+    ),
+    Arm(
+      name="proposal_only",
+      method="dpa_grpo",
+      label="ablation: revision off (no revise-turn loss, no decision pair)",
+      loss=dict(kl="k1", revision_weight=0.0, revision_filter=False, decision_weight=0.0),
+    ),
+  )
+}
+V2_SEEDS = tuple(range(9))
+ALL_ARMS = {**ARMS, **V2_ARMS}
+
+
+def is_v2(config: config_lib.ExperimentConfig) -> bool:
+  """Whether `config` is testbed v2 (the `testbed_v2` preset): its warm start's decision examples
+  are the "habit" style."""
+  return config.warm_start.decide_style == "habit"
+
+
+def default_arms(config: config_lib.ExperimentConfig) -> tuple[str, ...]:
+  return tuple(V2_ARMS if is_v2(config) else ARMS)
+
 
 def arm_config(config: config_lib.ExperimentConfig, arm: Arm, seed: int, checkpoint: str):
   """The experiment config of one arm and seed, from the warm-started `checkpoint`."""
@@ -76,6 +118,16 @@ def format_gates(result: dict[str, Any]) -> str:
   for line, r in m["sac_by_line"].items():
     rows.append(f"    line {line}: on wrong {fmt(r['on_wrong'])}, on right {fmt(r['on_right'])}")
   rows.append(f"  P(z right | x wrong): {fmt(m['z_right_given_x_wrong'])}  gate {GATE_FIX}")
+  if "v2" in m:
+    v2 = m["v2"]
+    rows.append(
+      f"  wrong revisions on the answer pool: {fmt(v2['wrong_revision_on_pool'])}  gate >= {GATE_V2_ON_POOL}"
+    )
+    rows.append(
+      f"  greedy KEEP on SAC'd wrong drafts, revision right: {fmt(v2['greedy_keep_fixable'])}  "
+      f"gate {GATE_V2_KEEP_FIXABLE}, n >= {GATE_V2_MIN_FIXABLE}"
+    )
+    rows += [f"  greedy {name}: {fmt(r)}" for name, r in v2["greedy_decision"].items()]
   rows.append("  all gates pass" if not result["failed"] else "  FAILED: " + "; ".join(result["failed"]))
   return "\n".join(rows)
 

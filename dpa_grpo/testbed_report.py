@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import testbed_arms, testbed_theory
+from dpa_grpo import metrics, testbed_arms, testbed_theory
 from lm import rundir, stats
 from lm.plotting import plt
 
@@ -64,12 +64,96 @@ SEEDS_NEEDED = 3
 REGISTERED_SEEDS = (0, 1, 2)  # the per-seed rule's three seeds
 ACROSS_SEEDS_NEEDED = 9  # the across-seed rule's (amendment of 2026-12-02)
 
+# Testbed v2 (docs/dpa_grpo.md, "Testbed v2: predictions (registered 2026-12-03, before any run)"),
+# judged by the across-seed rule only, on nine seeds. Kinds: "change" (an arm's final − step 0),
+# "did" (the first arm's change − the second's), "versus" (first arm's final − second's). The
+# decision rates (`metrics.decision_rates`) are read on the copy lines, where the decision's note
+# says which amount matches; "not up": held when the interval's upper bound is <= NO_RISE_MARGIN,
+# not held when its lower bound is > 0, else inconclusive.
+V2_DECISION_LINES = ("1a", "25d")
+NO_RISE_MARGIN = 0.05
+V2_PREDICTIONS = (
+  ("R1", "P(REVISE | SAC, draft wrong) rises more under DPA-GRPO than under the proposal-only ablation",
+   "did", ("dpa_paper", "proposal_only"), ("decision", "revise_given_sac_wrong"), "up"),
+  ("R2", "P(REVISE | SAC, draft right) does not rise under DPA-GRPO", "change", ("dpa_paper",),
+   ("decision", "revise_given_sac_right"), "not up"),
+  ("R3", "P(z right | SAC, draft wrong) rises more under DPA-GRPO than under the ablation", "did",
+   ("dpa_paper", "proposal_only"), ("decision", "z_right_given_sac_wrong"), "up"),
+  ("R4", "P(NS | draft right) rises under DPA-GRPO", "change", ("dpa_paper",),
+   ("decision", "ns_given_right"), "up"),
+  ("R5", "what revision adds (final post-revision − draft accuracy) is larger under DPA-GRPO", "versus",
+   ("dpa_paper", "proposal_only"), ("gain",), "up"),
+  ("R6", "DPA-GRPO's final post-revision accuracy exceeds the ablation's", "versus",
+   ("dpa_paper", "proposal_only"), ("accuracy",), "up"),
+)  # fmt: skip
+V2_CONTROLS = (
+  (
+    "C1",
+    "line 12 (hidden coin) accuracy does not change (DPA-GRPO)",
+    "change",
+    ("dpa_paper",),
+    ("line", "12"),
+  ),
+  (
+    "C2",
+    "line 12 (hidden coin) accuracy does not change (ablation)",
+    "change",
+    ("proposal_only",),
+    ("line", "12"),
+  ),
+)
+
 
 def _evals(path: str) -> dict[int, dict[str, Any]]:
   metrics = os.path.join(path, "metrics.jsonl")
   if not os.path.exists(metrics):
     return {}
   return {r["step"]: r["eval"] for r in rundir.read_jsonl(metrics) if "eval" in r}
+
+
+def _eval_records(path: str) -> dict[int, list[dict[str, Any]]]:
+  """{step: the unit records of that evaluation} of a run (records/eval.jsonl)."""
+  p = os.path.join(path, "records", "eval.jsonl")
+  out: dict[int, list[dict[str, Any]]] = {}
+  if os.path.exists(p):
+    for r in rundir.read_jsonl(p):
+      out.setdefault(r["step"], []).append(r)
+  return out
+
+
+def v2_value(
+  evaluation: dict[str, Any], records: Sequence[dict[str, Any]], quantity: tuple[str, ...]
+) -> float:
+  """One evaluation's value of a v2 quantity: a decision rate of its records on the copy lines
+  (nan when its condition has no unit), the accuracy, the gain of revision (post − pre revision
+  accuracy), or one line's post-revision accuracy."""
+  if quantity[0] == "decision":
+    return metrics.decision_rates(records, V2_DECISION_LINES)[quantity[1]]["rate"]
+  if quantity[0] == "gain":
+    return evaluation["accuracy"] - evaluation["pre_revision_accuracy"]
+  k, n = _proportion(evaluation, quantity)
+  return k / n
+
+
+def v2_difference(
+  runs: dict[str, dict[int, tuple[dict, dict]]], kind: str, pair, quantity, seed: int
+) -> float:
+  """A v2 row's difference in one seed; `runs[arm][seed]` = ({step: eval}, {step: records});
+  KeyError when an arm / seed has not run, nan when a rate's condition is empty."""
+
+  def value(arm: str, last: bool) -> float:
+    evals, records = runs[arm][seed]
+    step = max(evals) if last else min(evals)
+    return v2_value(evals[step], records.get(step, []), quantity)
+
+  change = lambda arm: value(arm, True) - value(arm, False)
+  if kind == "change":
+    return change(pair[0])
+  if kind == "did":
+    return change(pair[0]) - change(pair[1])
+  if kind == "versus":
+    return value(pair[0], True) - value(pair[1], True)
+  raise ValueError(f"unknown v2 prediction kind {kind!r}")
 
 
 def _proportion(e: dict[str, Any], quantity: tuple[str, ...]) -> tuple[int, int]:
@@ -114,6 +198,8 @@ def across_seeds(
     return mean, (low, high), "no effect (contains 0)" if low <= 0 <= high else "effect"
   if len(differences) < seeds_needed:
     return mean, (low, high), "inconclusive"
+  if direction == "not up":
+    return mean, (low, high), "held" if high <= NO_RISE_MARGIN else "not held" if low > 0 else "inconclusive"
   toward = (low, high) if direction == "up" else (-high, -low)  # the interval, predicted side up
   verdict = "held" if toward[0] > 0 else "not held" if toward[1] < 0 else "inconclusive"
   return mean, (low, high), verdict
@@ -159,7 +245,7 @@ def _figures(runs: dict[str, dict[int, dict[int, dict]]], figure_dir: str) -> li
     for j, evals in enumerate(by_seed.values()):
       steps = sorted(evals)
       ax.plot(steps, [evals[s]["accuracy"] for s in steps], "o-", color=f"C{i}", ms=3, alpha=0.8,
-              label=testbed_arms.ARMS[arm].label if j == 0 else None)  # fmt: skip
+              label=testbed_arms.ALL_ARMS[arm].label if j == 0 else None)  # fmt: skip
   ax.set_xlabel("training step")
   ax.set_ylabel("test accuracy (greedy; post-revision for DPA-GRPO)")
   ax.set_ylim(-0.02, 1.02)
@@ -168,7 +254,7 @@ def _figures(runs: dict[str, dict[int, dict[int, dict]]], figure_dir: str) -> li
   accuracy = os.path.join(figure_dir, "accuracy.png")
   fig.savefig(accuracy, dpi=110)
   plt.close(fig)
-  dpa = [a for a in runs if testbed_arms.ARMS[a].method == "dpa_grpo"]
+  dpa = [a for a in runs if testbed_arms.ALL_ARMS[a].method == "dpa_grpo"]
   fig, axes = plt.subplots(1, 3, figsize=(10, 3), sharey=True)
   for ax, case in zip(axes, ("4", "1", "6a"), strict=True):
     for i, arm in enumerate(dpa):
@@ -187,45 +273,9 @@ def _figures(runs: dict[str, dict[int, dict[int, dict]]], figure_dir: str) -> li
   return [accuracy, cases]
 
 
-def write(
-  workdir: str, config: config_lib.ExperimentConfig, arms: Sequence[str], seeds: Sequence[int]
-) -> dict[str, Any]:
-  """Writes report.md, report.json and figures/ from the runs that exist; returns the summary."""
-  runs = {arm: {s: e for s in seeds if (e := _evals(testbed_arms.run_dir(workdir, arm, s)))} for arm in arms}
-  runs = {arm: by_seed for arm, by_seed in runs.items() if by_seed}
-  summary: dict[str, Any] = {"arms": {}, "predictions": {}}
-  md = ["# DPA-GRPO copy-and-check testbed", ""]
-  gates_path = os.path.join(workdir, "gates.json")
-  if os.path.exists(gates_path):
-    gates = rundir.read_json(gates_path)
-    summary["gates"] = gates
-    md += ["```", testbed_arms.format_gates(gates), "```", ""]
-  md += [
-    f"Held-out test units: greedy play of the test split ({', '.join(config.rollout.lines)}); "
-    f"{config.train.steps} training steps per run. Accuracy is post-revision for DPA-GRPO, the draft "
-    "for GRPO; Wilson 95% intervals per seed; across seeds: mean ± sample standard deviation.",
-    "",
-    "| arm | seed | step 0 | final (step) | case 4 | case 1 | case 6a |",
-    "|---|---|---|---|---|---|---|",
-  ]
-  for arm, by_seed in runs.items():
-    finals = []
-    for seed, evals in by_seed.items():
-      first, last = evals[min(evals)], evals[max(evals)]
-      finals.append(last["accuracy"])
-      cases = ["—"] * 3
-      if "cases" in last:
-        cases = [
-          f"{_fmt(*_proportion(first, ('case', c)))} → {_fmt(*_proportion(last, ('case', c)))}"
-          for c in ("4", "1", "6a")
-        ]
-      md.append(
-        f"| {arm} | {seed} | {_fmt(*_proportion(first, ('accuracy',)))} | "
-        f"{_fmt(*_proportion(last, ('accuracy',)))} ({max(evals)}) | " + " | ".join(cases) + " |"
-      )
-    summary["arms"][arm] = {"label": testbed_arms.ARMS[arm].label, "final_accuracy": finals}
-    md.append(f"| {arm} | all | | {_spread(finals)} | | | |")
-  md += ["", "Pre-registered predictions (docs/dpa_grpo.md, testbed), judged per seed:", ""]
+def _v1_predictions(runs, seeds: Sequence[int], summary: dict[str, Any]) -> list[str]:
+  """The v1 testbed's predictions and controls, both rules (markdown lines; into `summary`)."""
+  md = ["", "Pre-registered predictions (docs/dpa_grpo.md, testbed), judged per seed:", ""]
   md += ["| id | prediction | per-seed separation | verdict |", "|---|---|---|---|"]
   across_md = []
   for pid, text, kind, pair, quantity, direction in PREDICTIONS + tuple(c + (None,) for c in CONTROLS):
@@ -266,6 +316,104 @@ def write(
     "|---|---|---|---|---|---|",
     *across_md,
   ]
+  return md
+
+
+def _v2_predictions(
+  workdir: str, arms: Sequence[str], seeds: Sequence[int], summary: dict[str, Any]
+) -> list[str]:
+  """Testbed v2's conditional decision rates per arm and seed (step 0 → final, Wilson 95%), and its
+  registered predictions and controls by the across-seed rule (markdown lines; into `summary`)."""
+  runs: dict[str, dict[int, tuple[dict, dict]]] = {}
+  md = ["", f"Conditional decision rates on the copy lines {V2_DECISION_LINES} (greedy test play, "
+        "Wilson 95%), step 0 → final:", "", "| arm | seed | " + " | ".join(metrics.DECISION_RATES.values())
+        + " |", "|---|---|" + "---|" * len(metrics.DECISION_RATES)]  # fmt: skip
+  fmt = lambda r: f"{r['rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] ({r['k']}/{r['n']})"
+  for arm in arms:
+    for seed in seeds:
+      path = testbed_arms.run_dir(workdir, arm, seed)
+      evals, records = _evals(path), _eval_records(path)
+      if not evals:
+        continue
+      runs.setdefault(arm, {})[seed] = (evals, records)
+      first, last = (
+        metrics.decision_rates(records.get(s, []), V2_DECISION_LINES) for s in (min(evals), max(evals))
+      )
+      summary.setdefault("decision_rates", {}).setdefault(arm, {})[seed] = {"step0": first, "final": last}
+      md.append(
+        f"| {arm} | {seed} | "
+        + " | ".join(f"{fmt(first[k])} → {fmt(last[k])}" for k in metrics.DECISION_RATES)
+        + " |"
+      )
+  md += [
+    "",
+    f"Registered predictions (docs/dpa_grpo.md, Testbed v2), across-seed rule ({ACROSS_SEEDS_NEEDED} seeds; "
+    f"'not up' held when the upper bound <= {NO_RISE_MARGIN}); a seed whose rate has no unit is left out:",
+    "",
+    "| id | prediction or control | seeds | mean difference [95% t] | verdict |",
+    "|---|---|---|---|---|",
+  ]
+  for pid, text, kind, pair, quantity, direction in V2_PREDICTIONS + tuple(c + (None,) for c in V2_CONTROLS):
+    diffs, ran = [], []
+    for seed in seeds:
+      try:
+        d = v2_difference(runs, kind, pair, quantity, seed)
+      except KeyError:
+        continue
+      if np.isfinite(d):
+        diffs.append(d)
+        ran.append(seed)
+    mean, (low, high), verdict = across_seeds(diffs, direction)
+    summary["predictions"][pid] = {
+      "statement": text, "seeds": ran, "differences": diffs,
+      "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},
+    }  # fmt: skip
+    md.append(f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | **{verdict}** |")
+  return md
+
+
+def write(
+  workdir: str, config: config_lib.ExperimentConfig, arms: Sequence[str], seeds: Sequence[int]
+) -> dict[str, Any]:
+  """Writes report.md, report.json and figures/ from the runs that exist; returns the summary."""
+  runs = {arm: {s: e for s in seeds if (e := _evals(testbed_arms.run_dir(workdir, arm, s)))} for arm in arms}
+  runs = {arm: by_seed for arm, by_seed in runs.items() if by_seed}
+  summary: dict[str, Any] = {"arms": {}, "predictions": {}}
+  md = ["# DPA-GRPO copy-and-check testbed", ""]
+  gates_path = os.path.join(workdir, "gates.json")
+  if os.path.exists(gates_path):
+    gates = rundir.read_json(gates_path)
+    summary["gates"] = gates
+    md += ["```", testbed_arms.format_gates(gates), "```", ""]
+  md += [
+    f"Held-out test units: greedy play of the test split ({', '.join(config.rollout.lines)}); "
+    f"{config.train.steps} training steps per run. Accuracy is post-revision for DPA-GRPO, the draft "
+    "for GRPO; Wilson 95% intervals per seed; across seeds: mean ± sample standard deviation.",
+    "",
+    "| arm | seed | step 0 | final (step) | case 4 | case 1 | case 6a |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for arm, by_seed in runs.items():
+    finals = []
+    for seed, evals in by_seed.items():
+      first, last = evals[min(evals)], evals[max(evals)]
+      finals.append(last["accuracy"])
+      cases = ["—"] * 3
+      if "cases" in last:
+        cases = [
+          f"{_fmt(*_proportion(first, ('case', c)))} → {_fmt(*_proportion(last, ('case', c)))}"
+          for c in ("4", "1", "6a")
+        ]
+      md.append(
+        f"| {arm} | {seed} | {_fmt(*_proportion(first, ('accuracy',)))} | "
+        f"{_fmt(*_proportion(last, ('accuracy',)))} ({max(evals)}) | " + " | ".join(cases) + " |"
+      )
+    summary["arms"][arm] = {"label": testbed_arms.ALL_ARMS[arm].label, "final_accuracy": finals}
+    md.append(f"| {arm} | all | | {_spread(finals)} | | | |")
+  if testbed_arms.is_v2(config):
+    md += _v2_predictions(workdir, arms, seeds, summary)
+  else:
+    md += _v1_predictions(runs, seeds, summary)
   if runs:
     summary["figures"] = _figures(runs, os.path.join(workdir, "figures"))
     md += ["", "![accuracy](figures/accuracy.png)", "![cases](figures/cases.png)"]

@@ -14,7 +14,9 @@ some of its content:
   revise    revision prompt after a corrupted answer           -> the gold line answer
             (the corrupted one again with probability `revise_wrong`)
   decide    decision prompt with a (proposal, revision) pair   -> REVISE iff only the revision is
-            right, else KEEP (the oracle's label)
+            right, else KEEP (the oracle's label); `decide_style="habit"` (testbed v2): the wrong
+            revision from the line's answer pool, and a REVISE label turned KEEP with probability
+            `decide_keep` x the desk's habit, so the greedy decision differs by desk
 
 Corrupted answers are what a weak preparer gets wrong: a digit changed, dropped or swapped, the
 amount off by a small or large margin, a zero where there is an amount and an amount where there
@@ -121,8 +123,12 @@ def examples(
     add("revise", game.revision_prompt(prompt, wrong, sac), wrong if chance(config.revise_wrong) else right)
     x_right, z_right = rng.random() < 0.5, rng.random() < 0.5
     proposal = right if x_right else wrong
-    revision = right if z_right else answer(corrupt(gold, rng))
     revise = z_right and not x_right
+    if config.decide_style == "habit" and copycheck.is_copycheck(case):  # testbed v2
+      revision = right if z_right else answer(copycheck.wrong_on_pool(case, line_id, rng))
+      revise = revise and not chance(config.decide_keep * copycheck.habit(case))
+    else:
+      revision = right if z_right else answer(corrupt(gold, rng))
     decision = rollout.decision_prompt(case, line_id, prompt, proposal, sac, revision, rollout_cfg)
     add("decide", decision, game.render_decision(revise))
   return out

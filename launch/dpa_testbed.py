@@ -20,18 +20,28 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/dpa_grpo.py:testbed")
-_ARMS = flags.DEFINE_list("arms", list(testbed.ARMS), f"Arms to run, of {list(testbed.ARMS)}.")
-_SEEDS = flags.DEFINE_list("seeds", [str(s) for s in testbed.SEEDS], "Seeds of every arm.")
+_ARMS = flags.DEFINE_list(
+  "arms",
+  [],
+  f"Arms to run, of {list(testbed.ALL_ARMS)}; empty: the preset's (v1 {list(testbed.ARMS)}, "
+  f"testbed_v2 {list(testbed.V2_ARMS)}).",
+)
+_SEEDS = flags.DEFINE_list(
+  "seeds", [], f"Seeds of every arm; empty: the preset's (v1 {list(testbed.SEEDS)}, testbed_v2 0-8)."
+)
 
 
 def main(argv):
   del argv
   config = common.typed(_CONFIG, lambda c: ExperimentConfig.from_dict(c.to_dict()))  # typed once, here
-  unknown = sorted(set(_ARMS.value) - set(testbed.ARMS))
+  unknown = sorted(set(_ARMS.value) - set(testbed.ALL_ARMS))
   if unknown:
-    common.fail(f"--arms: unknown arm(s) {unknown}; arms are {list(testbed.ARMS)}")
+    common.fail(f"--arms: unknown arm(s) {unknown}; arms are {list(testbed.ALL_ARMS)}")
   try:
-    arms, seeds = tuple(_ARMS.value), tuple(int(s) for s in _SEEDS.value)
+    arms = tuple(_ARMS.value) or testbed.default_arms(config)
+    seeds = tuple(int(s) for s in _SEEDS.value) or (
+      testbed.V2_SEEDS if testbed.is_v2(config) else testbed.SEEDS
+    )
   except ValueError:
     common.fail(f"--seeds must be integers, got {_SEEDS.value}")
   sharding.initialize_distributed()

@@ -86,6 +86,28 @@ def confusion(case: taxcalc.TaxCase, line_id: str) -> float:
   return float(pool[(pool.index(int(case.gold[line_id])) + 1) % len(pool)])
 
 
+def answer_pool(line_id: str) -> tuple[int, ...]:
+  """The amounts a line's answers take: its W-2 box's pool on a copy line, the two hidden amounts
+  on the control line."""
+  if line_id == CONTROL_LINE:
+    return CONTROL_AMOUNTS
+  if line_id not in _FIELDS:
+    raise ValueError(f"copy-and-check cases have lines {LINES}, got {line_id!r}")
+  return BOX_POOLS[_FIELDS[line_id][0]]
+
+
+def on_pool(line_id: str, amount: float | None) -> bool:
+  """Whether an amount is one of the line's answer pool (`answer_pool`); False when unparsed."""
+  return amount is not None and float(amount) in {float(a) for a in answer_pool(line_id)}
+
+
+def wrong_on_pool(case: taxcalc.TaxCase, line_id: str, rng: random.Random) -> float:
+  """A wrong amount a reviser writes in testbed v2: any other value of the line's answer pool
+  (well formed and plausible; only a comparison with the field tells it from the gold)."""
+  gold = int(case.gold[line_id])
+  return float(rng.choice([a for a in answer_pool(line_id) if a != gold]))
+
+
 def habit(case: taxcalc.TaxCase) -> float:
   """The factor on the warm-start preparer's error rate for this case's desk (1.0 off-family)."""
   return DESK_HABIT[case.forms["desk"]] if is_copycheck(case) else 1.0

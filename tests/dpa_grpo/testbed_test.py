@@ -4,12 +4,14 @@ records; and (slow) the whole pipeline at smoke size: gates refuse, or arms x se
 import json
 import os
 
+import numpy as np
 import pytest
 
 from configs import dpa_grpo as dpa_config
-from dpa_grpo import testbed, testbed_report
-from dpa_grpo.config import ExperimentConfig
-from dpa_grpo.envs import copycheck
+from dpa_grpo import game, metrics, setup, testbed, testbed_report, warm_start
+from dpa_grpo.config import ExperimentConfig, rollout_config
+from dpa_grpo.envs import copycheck, taxcalc
+from lm import tokenizer as tokenizer_lib
 
 
 def _rec(line, x_right, sac, z_right=None):
@@ -191,3 +193,181 @@ def test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size(t
   gates = json.loads((workdir / "gates.json").read_text())
   assert gates["failed"] and "step-0 gates" in done.stdout
   assert not any((workdir / arm).exists() for arm in testbed.ARMS)
+
+
+# ---- testbed v2 (issue 39): the conditional decision rates, its gates, its arms, its report ----
+
+
+def _unit(line, x_right, sac, action=None, z_right=None, forced=False, step=None):
+  r = {
+    "line": line,
+    "x_right": x_right,
+    "verifier_action": "SAC" if sac else "NS",
+    "generator_action": action,
+    "z_right": z_right,
+    "forced_revise": forced,
+    "gold": 415.0,
+    "revision_amounts": [],
+  }
+  return r if step is None else dict(r, step=step)
+
+
+def test_decision_rates_measure_the_decision_and_the_draft_apart():
+  recs = (
+    [_unit("1a", False, True, "REVISE", True)] * 3  # fixable, revised
+    + [_unit("1a", False, True, "KEEP", True)] * 1  # fixable, kept
+    + [_unit("1a", False, True, "KEEP", False)] * 4  # revision wrong, kept
+    + [_unit("1a", False, True, "REVISE", False)] * 2  # revision wrong, revised
+    + [_unit("1a", False, True, "REVISE", True, forced=True)] * 5  # forced: not the policy's
+    + [_unit("1a", True, True, "REVISE", False)] * 1 + [_unit("1a", True, True, "KEEP", True)] * 3
+    + [_unit("1a", True, False)] * 6 + [_unit("1a", False, False)] * 2
+    + [_unit("12", False, True, "REVISE", True)] * 7  # another line
+  )  # fmt: skip
+  m = metrics.decision_rates(recs, ("1a",))
+  assert (m["revise_given_sac_wrong"]["k"], m["revise_given_sac_wrong"]["n"]) == (5, 10)
+  assert (m["revise_given_sac_right"]["k"], m["revise_given_sac_right"]["n"]) == (1, 4)
+  assert (m["revise_given_fixable"]["k"], m["revise_given_fixable"]["n"]) == (3, 4)
+  assert (m["ns_given_right"]["k"], m["ns_given_right"]["n"]) == (6, 10)
+  assert (m["z_right_given_sac_wrong"]["k"], m["z_right_given_sac_wrong"]["n"]) == (
+    9,
+    15,
+  )  # forced count here
+  assert (m["revision_success"]["k"], m["revision_success"]["n"]) == (3, 5)
+  low, high = m["revision_success"]["ci"]
+  assert low < 0.6 < high and 0 < low and high < 1  # a Wilson interval
+  everywhere = metrics.decision_rates(recs)
+  assert everywhere["revise_given_sac_wrong"]["n"] == 17
+  assert np.isnan(metrics.decision_rates([], ("1a",))["revision_success"]["rate"])
+
+
+def _v2_gate_inputs(keep_fixable: int, revise_fixable: int, off_pool: int):
+  sampled = [
+    dict(_unit("1a", False, True, "KEEP", False), revision_amounts=[380.0, 415.0, 560.0]),  # 2 wrong, on pool
+    dict(_unit("12", False, True, "KEEP", False), gold=146.0, revision_amounts=[195.0] + [999.0] * off_pool),
+  ] * 4
+  greedy = [_unit("1a", False, True, "KEEP", True)] * keep_fixable + [
+    _unit("25d", False, True, "REVISE", True)
+  ] * revise_fixable
+  return sampled, greedy
+
+
+def test_v2_gates_need_pool_revisions_and_a_greedy_decision_that_is_not_constant():
+  m = testbed.gate_measures(_passing_records())
+  m["v2"] = testbed.v2_gate_measures(*_v2_gate_inputs(keep_fixable=6, revise_fixable=6, off_pool=0))
+  assert m["v2"]["wrong_revision_on_pool"]["rate"] == 1.0 and m["v2"]["wrong_revision_on_pool"]["n"] == 12
+  assert m["v2"]["greedy_keep_fixable"]["rate"] == 0.5 and testbed.judge_gates(m) == []
+  assert "greedy KEEP" in testbed.format_gates({"measures": m, "failed": []})
+  constant = dict(m, v2=testbed.v2_gate_measures(*_v2_gate_inputs(12, 0, 0)))
+  assert any("greedy KEEP rate" in f for f in testbed.judge_gates(constant))
+  few = dict(m, v2=testbed.v2_gate_measures(*_v2_gate_inputs(3, 3, 0)))
+  assert any("fewer than" in f for f in testbed.judge_gates(few))
+  off_pool = dict(m, v2=testbed.v2_gate_measures(*_v2_gate_inputs(6, 6, 2)))  # 12 of 20 on the pool
+  assert any("answer pool" in f for f in testbed.judge_gates(off_pool))
+
+
+def test_v2_preset_arms_and_warm_start_key():
+  v1 = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
+  v2 = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v2").to_dict())
+  assert not testbed.is_v2(v1) and testbed.default_arms(v1) == tuple(testbed.ARMS)
+  assert testbed.is_v2(v2) and testbed.default_arms(v2) == ("dpa_paper", "proposal_only")
+  assert (v2.rollout.decision_note, v2.train.steps, v2.warm_start.decide_keep) == (True, 60, 0.5)
+  assert v1.warm_start.decide_style == "oracle" and not v1.rollout.decision_note  # v1 as recorded
+  paper = testbed.arm_config(v2, testbed.V2_ARMS["dpa_paper"], 3, "/ckpt")
+  ablation = testbed.arm_config(v2, testbed.V2_ARMS["proposal_only"], 3, "/ckpt")
+  assert (paper.loss.revision_weight, paper.loss.decision_weight, paper.loss.revision_filter) == (
+    1.0,
+    1.0,
+    True,
+  )
+  assert (ablation.loss.revision_weight, ablation.loss.decision_weight) == (0.0, 0.0)
+  import dataclasses
+
+  same = dict(revision_weight=0.0, decision_weight=0.0, revision_filter=False)
+  assert dataclasses.replace(paper.loss, **same) == ablation.loss and paper.rollout == ablation.rollout
+  assert paper.loss.proposal_weight == ablation.loss.proposal_weight == 1.0 and paper.train == ablation.train
+  # v2's fields at their defaults leave v1's warm-start key as it was; v2's warm start is its own.
+  assert testbed.warm_start_key(v1) != testbed.warm_start_key(v2)
+  d = v1.to_dict()
+  d["warm_start"] = dict(d["warm_start"], decide_keep=0.5)
+  assert testbed.warm_start_key(ExperimentConfig.from_dict(d)) != testbed.warm_start_key(v1)
+
+
+@pytest.mark.slow  # ~13 s on the shared 2-core machine (fitting the task tokenizer)
+def test_v2_warm_start_decisions_see_pool_revisions_and_keep_by_desk(tmp_path):
+  config = dpa_config.get_config("tiny")
+  config.rollout.lines = copycheck.LINES
+  config.rollout.decision_note = True
+  cases = copycheck.generate_cases(200, seed=5)
+  cfg = rollout_config(config.rollout)
+  tokenizer = tokenizer_lib.load_tokenizer(setup.task_tokenizer(str(tmp_path), cases[:20], cfg, 512))
+  ws = warm_start.WarmStartConfig(decide_style="habit", decide_keep=0.5, seed=4)
+  got = warm_start.examples(cases, tokenizer, cfg, ws)
+  revise_rate = {"north": [], "south": []}
+  for (prompt, completion), (case, line_id) in zip(
+    got["decide"], [(c, i) for c in cases for i in cfg.lines], strict=True
+  ):
+    text = tokenizer.decode(prompt)
+    revision = text.split("Your revised answer is:\n", 1)[1].split("\n", 1)[0]
+    z = taxcalc.parse_line_answer(revision, line_id).value
+    assert copycheck.on_pool(line_id, z)  # right, or another value of the line's pool
+    proposal = text.split("Your earlier answer was:\n", 1)[1].split("\n", 1)[0]
+    fixable = z == case.gold[line_id] != taxcalc.parse_line_answer(proposal, line_id).value
+    action = game.parse_decision(tokenizer.decode(completion[:-1])).action
+    if fixable:
+      revise_rate[case.forms["desk"]].append(action == game.REVISE)
+    else:
+      assert action == game.KEEP
+  north, south = (sum(v) / len(v) for v in (revise_rate["north"], revise_rate["south"]))
+  assert 0.08 < north < 0.35 and 0.65 < south < 0.92  # REVISE kept with 1 - 0.5 x 1.6 = 0.2, 1 - 0.2 = 0.8
+
+
+def _write_v2_run(workdir, arm, seed, before, after):
+  """A run directory with evaluations at steps 0 and 60: `before` / `after` = (revise on SAC'd
+  wrong drafts of 10, revise on SAC'd right drafts of 10, accuracy, pre-revision accuracy)."""
+  path = os.path.join(testbed.run_dir(str(workdir), arm, seed))
+  os.makedirs(os.path.join(path, "records"))
+  lines, records = [], []
+  for step, (wrong, right, acc, pre) in ((0, before), (60, after)):
+    cases = {c: {"rate": 0.0, "count": 0} for c in game.CASES}
+    lines.append({"step": step, "eval": {"units": 100, "accuracy": acc, "pre_revision_accuracy": pre,
+                  "per_line_post": {"12": {"accuracy": 0.5, "n": 30}}, "cases": cases}})  # fmt: skip
+    units = [
+      _unit("1a", False, True, "REVISE" if i < wrong else "KEEP", i % 2 == 0, step=step) for i in range(10)
+    ]
+    units += [_unit("25d", True, True, "REVISE" if i < right else "KEEP", True, step=step) for i in range(10)]
+    units += [_unit("12", False, True, "REVISE", True, step=step)] * 5  # not a copy line: not counted
+    records += units
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in lines)
+  with open(os.path.join(path, "records", "eval.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_v2_report_judges_the_registered_predictions_from_the_records(tmp_path):
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v2").to_dict())
+  seeds = tuple(range(9))
+  for seed in seeds:
+    _write_v2_run(tmp_path, "dpa_paper", seed, (3, 2, 0.70, 0.70), (7 + seed % 2, 2, 0.78, 0.74))
+    _write_v2_run(tmp_path, "proposal_only", seed, (3, 2, 0.70, 0.70), (3 - seed % 2, 2, 0.74, 0.74))
+  summary = testbed_report.write(str(tmp_path), config, ("dpa_paper", "proposal_only"), seeds)
+  p = summary["predictions"]
+  assert p["R1"]["across_seeds"]["verdict"] == "held" and len(p["R1"]["differences"]) == 9
+  assert p["R1"]["across_seeds"]["mean"] == pytest.approx(np.mean([0.4 + 0.2 * (s % 2) for s in seeds]))
+  assert p["R2"]["across_seeds"]["verdict"] == "held"  # P(REVISE | SAC, right) unchanged: <= 0.05
+  assert p["R5"]["across_seeds"]["mean"] == pytest.approx(0.04) and p["R6"]["across_seeds"][
+    "mean"
+  ] == pytest.approx(0.04)
+  assert p["C1"]["across_seeds"]["verdict"] == "—" or "contains 0" in p["C1"]["across_seeds"]["verdict"]
+  report = (tmp_path / "report.md").read_text()
+  assert "P(REVISE | SAC, draft wrong)" in report and "| R1 |" in report and "P4" not in report
+  assert summary["decision_rates"]["dpa_paper"][0]["final"]["revise_given_sac_wrong"]["n"] == 10
+  # Eight seeds: no verdict (the across-seed rule needs nine).
+  eight = testbed_report.write(str(tmp_path), config, ("dpa_paper", "proposal_only"), seeds[:8])
+  assert eight["predictions"]["R1"]["across_seeds"]["verdict"] == "inconclusive"
+
+
+def test_the_not_up_rule():
+  flat = [0.01, -0.02, 0.0, 0.01, -0.01, 0.02, 0.0, -0.01, 0.01]
+  assert testbed_report.across_seeds(flat, "not up")[2] == "held"
+  assert testbed_report.across_seeds([0.1 + 0.01 * i for i in range(9)], "not up")[2] == "not held"
+  assert testbed_report.across_seeds([0.06 * (-1) ** i for i in range(9)], "not up")[2] == "inconclusive"
