@@ -296,13 +296,20 @@ def sampler_program(
   resident: int = 0,
 ) -> ProgramPlan:
   """The sampler's prefill-and-decode program (`lm.sampler`, its accelerator form) for `rows`
-  prompts of `prompt_len` tokens, `n` samples each, `new_tokens` rounded up to `step_bucket`."""
+  prompts of `prompt_len` tokens, `n` samples each, `new_tokens` rounded up to `step_bucket`, with
+  the weights in the sampler's decode layout (`lm.sampler.sampling_split`: tensor parallel over the
+  mesh's model axes; `shard` then gives way to `lm.sharding.DECODE_SHARDING`)."""
   from lm import sampler as sampler_lib
 
   steps = -(-new_tokens // step_bucket) * step_bucket
   cfg = model.config
   prompts = rows // n
-  graphdef, state = nnx.split(model)
+  if hasattr(sampler_lib, "sampling_split"):  # the sampler's own decode layout (tensor parallel)
+    shard = sharding_lib.DECODE_SHARDING
+    graphdef, state = sampler_lib.sampling_split(model, mesh, shard)
+    model = nnx.merge(graphdef, state)
+  else:
+    graphdef, state = nnx.split(model)
   weight_vd = (model.embed_vd if cfg.tie_word_embeddings else model.lm_head_vd).get_value()
   vocab_axis, model_axis = (tuple(weight_vd.sharding.spec) + (None, None))[:2]
   head_spec = sharding_lib.fit_spec(P(model_axis, vocab_axis), weight_vd.shape[::-1], mesh)
