@@ -139,6 +139,7 @@ def test_kace_eval_two_processes_killed_and_resumed_match_one_process(tmp_path):
   from kace import synthetic
   from lm.config import ModelConfig
   from lm.tokenizer import load_tokenizer
+  from tests.kace.evaluate_test import _eval_command
   from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
   checkpoint = make_tiny_tokenizer(tmp_path / "solver")
@@ -150,15 +151,7 @@ def test_kace_eval_two_processes_killed_and_resumed_match_one_process(tmp_path):
   synthetic.demo_tree().save(tree)
 
   def command(workdir):  # tests/kace/evaluate_test.py's tiny evaluation: 6 problems x 2 methods
-    return [
-      sys.executable, "-m", "launch.kace_eval", f"--workdir={workdir}", "--verbosity=-1",
-      "--config.synthetic.build_solver=False", f"--config.roles.solver.checkpoint={checkpoint}",
-      f"--config.kace.tree={tree}", '--config.methods=("tiered","kace")',
-      "--config.synthetic.per_cell=2", "--config.synthetic.test_per_cell=1", "--config.data.limit=6",
-      "--config.eval.batch_size=2", "--config.eval.solve_rate_k=2", "--config.eval.bootstrap=100",
-      "--config.sampling.max_tokens=6", "--config.grader.workers=1",
-      "--config.roles.solver.sampler.min_prompt_bucket=256", "--config.roles.solver.sampler.step_bucket=8",
-    ]  # fmt: skip
+    return [*_eval_command(workdir, checkpoint, tree), "--verbosity=-1"]
 
   two, one = tmp_path / "two", tmp_path / "one"
   rates = two / "solve_rates.jsonl"
