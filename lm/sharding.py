@@ -67,11 +67,6 @@ def to_host(tree: Any) -> Any:
   return jax.tree.map(get, tree)
 
 
-def is_writer() -> bool:
-  """Whether this process writes run-directory files (metrics, records, reports): process 0 only."""
-  return jax.process_index() == 0
-
-
 # ---- meshes ------------------------------------------------------------------------------------
 
 MESH_AXES = ("data", "fsdp", "tp")
