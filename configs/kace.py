@@ -143,6 +143,22 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   # truncated: what a reply cut off by max_tokens answers: "unanswered" (the maths benchmarks' rule:
   # only a complete \\boxed{}, never the last number of a cut-off chain of thought) or "extract".
   c.grader = ml_collections.ConfigDict(dict(workers=2, timeout_s=5.0, truncated="unanswered"))
+  # The dry run and the endpoint check (kace.config.PlanConfig, kace.budget; docs/kace.md, "Running
+  # against an endpoint"): dry_run prints what a run will ask (samples worst case and expected,
+  # tokens, cost at price_in / price_out $ a million tokens, hours at tokens_per_s) and stops before
+  # any call; the expected counts assume each sample is right with p_correct, wrong answers never agree.
+  c.plan = ml_collections.ConfigDict(
+    dict(
+      dry_run=False,
+      check_context=True,
+      p_correct=0.5,
+      completion_tokens=0,
+      chars_per_token=3.5,
+      price_in=0.0,
+      price_out=0.0,
+      tokens_per_s=0.0,
+    )
+  )
   # The CPU-scale tiny solver (kace.synthetic.TinySolverConfig fields + where to cache it).
   c.synthetic = ml_collections.ConfigDict(
     dict(

@@ -263,6 +263,41 @@ class GraderConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+  """The dry run and the endpoint check (`kace.budget`; docs/kace.md, "Running against an endpoint").
+
+  Attributes:
+    dry_run: print the plan (problems, samples per method and stage worst case and expected, classifier,
+      teacher and curator calls, tokens, cost, time) and stop before any generation call.
+    check_context: before a run, read each served role's `max_model_len` (GET /models) and stop when
+      a request could exceed it.
+    p_correct: the expected counts' assumption: each sample right with this probability, wrong
+      answers never agreeing.
+    completion_tokens: assumed mean completion tokens a sample (0: max_tokens, the worst case).
+    chars_per_token: prompt-length estimate (characters a token).
+    price_in, price_out: $ per million prompt / completion tokens (0: no cost line).
+    tokens_per_s: generated tokens a second the servers sustain together (0: no time line).
+  """
+
+  dry_run: bool = False
+  check_context: bool = True
+  p_correct: float = 0.5
+  completion_tokens: int = 0
+  chars_per_token: float = 3.5
+  price_in: float = 0.0
+  price_out: float = 0.0
+  tokens_per_s: float = 0.0
+
+  def __post_init__(self):
+    if not 0 <= self.p_correct <= 1:
+      raise ValueError(f"config.plan.p_correct must be in [0, 1], got {self.p_correct}")
+    if self.chars_per_token <= 0 or min(self.completion_tokens, self.price_in, self.price_out) < 0:
+      raise ValueError(f"config.plan: chars_per_token must be > 0, tokens and prices >= 0, got {self}")
+    if self.tokens_per_s < 0:
+      raise ValueError(f"config.plan.tokens_per_s must be >= 0, got {self.tokens_per_s}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SyntheticConfig(synthetic.TinySolverConfig):
   """The CPU-scale tiny solver: `synthetic.TinySolverConfig`'s fields (inherited, declared once),
   plus whether to build it and where to cache it."""
@@ -358,6 +393,7 @@ class KaceConfig:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   grader: GraderConfig = dataclasses.field(default_factory=GraderConfig)
+  plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)
   synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
   testbed: TestbedSection = dataclasses.field(default_factory=TestbedSection)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kace import answers, data, methods, projection, solve, synthetic, tiers
+from kace import answers, budget, data, methods, projection, solve, synthetic, tiers
 from kace import config as config_lib
 from lm import generators, rundir, stats
 from lm.plotting import plt  # noqa: E402
@@ -88,6 +88,11 @@ def load_problems(
   if half not in ("train", "test"):
     raise ValueError(f"half must be 'train' or 'test', got {half!r}")
   if half == "train" and d.train_name:  # learned on other data: every problem of that set
+    if not d.train_source and d.train_name not in ("synthetic", "testbed", "aime2025"):
+      raise ValueError(
+        f"config.data.train_source is empty: data.train_name={d.train_name!r} learns on that benchmark's "
+        "files; set --config.data.train_source=/path (e.g. MATH's train split)"
+      )
     other = dataclasses.replace(d, name=d.train_name, source=d.train_source, train_name="", test_fraction=0.0)
     problems = _load(other, tiny_solver, "train")
     if d.verifiable_only:
@@ -159,9 +164,14 @@ def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]
   if rundir.is_writer():  # several hosts: process 0 writes the run directory (docs/multihost.md)
     rundir.write_json(os.path.join(workdir, "config.json"), config.to_dict())  # with the resolved paths
   options = config.method_options()
-  built = [methods.build(name, options) for name in config.methods]
   with config.grader.grader() as grader:
     problems = load_problems(config.data, config.generated(), grader)
+    if config.plan.dry_run:  # before the methods load their artefacts: a plan needs none
+      budget.dry_run(config, problems, workdir, train=train_count(config, grader), build=False)
+      return {}
+    built = [methods.build(name, options) for name in config.methods]
+    if config.plan.check_context:
+      budget.check_endpoints(config, problems)
     _log.info("%d problems, methods %s", len(problems), list(config.methods))
     solver = generators.make_generator(config.roles.solver)
     classifier = lambda: (
@@ -181,6 +191,16 @@ def run(config: config_lib.KaceConfig, workdir: str) -> dict[str, dict[str, Any]
         batch_size=config.eval.batch_size, params=sampling, seed=config.seed,
       )  # fmt: skip
     return report(config, problems, workdir, grader.equivalent)
+
+
+def train_count(config: config_lib.KaceConfig, grader: answers.Grader) -> int | None:
+  """How many training problems `config.data` names (None when it names none: no split, no
+  `train_source`), for the dry run."""
+  try:
+    return len(load_problems(config.data, config.generated(), grader, half="train"))
+  except ValueError as e:  # data.DataSourceError is a ValueError
+    _log.info("no training split: %s", e)
+    return None
 
 
 def _batches(items: Sequence, size: int) -> list[Sequence]:

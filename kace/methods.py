@@ -53,18 +53,31 @@ def build(name: str, options: MethodOptions) -> Method:
   return METHODS[name](options)
 
 
+def schedule(name: str, options: MethodOptions) -> tiers.Schedule:
+  """The schedule method `name` votes with, read without its artefacts (the dry run's counts):
+  Best-of-N for the best-of-N methods, the playbook's for ACE, `options.schedule` for the rest."""
+  if name not in METHODS:
+    raise ValueError(f"unknown method {name!r}; registered: {', '.join(METHODS)}")
+  if name in ("best_of_n", "gepa"):
+    return tiers.Schedule.best_of_n(options.best_of_n)
+  if name == "best_of_n_curve":
+    return tiers.Schedule.best_of_n(options.best_of_n_max)
+  if name == "ace_playbook":
+    return playbook_schedule(options.best_of_n)
+  return options.schedule
+
+
 @register("best_of_n")
 def best_of_n(options: MethodOptions) -> Method:
   """Fixed self-consistency: `options.best_of_n` samples without cards, plurality vote."""
-  return Method("best_of_n", tiers.Schedule.best_of_n(options.best_of_n), template=options.template)
+  return Method("best_of_n", schedule("best_of_n", options), template=options.template)
 
 
 @register("best_of_n_curve")
 def best_of_n_curve(options: MethodOptions) -> Method:
   """`options.best_of_n_max` samples without cards, once per problem: its own point is best-of-max,
   and `kace.evaluate.best_of_n_curve` votes over every subset of its samples for N = 1 … max."""
-  schedule = tiers.Schedule.best_of_n(options.best_of_n_max)
-  return Method("best_of_n_curve", schedule, template=options.template)
+  return Method("best_of_n_curve", schedule("best_of_n_curve", options), template=options.template)
 
 
 @register("tiered")
@@ -178,8 +191,9 @@ def playbook_schedule(best_of_n: int) -> tiers.Schedule:
 def ace_playbook(options: MethodOptions) -> Method:
   """ACE: best-of-N with the whole learned playbook in every prompt."""
   playbook = cards.EpistemicTree.load(artifact_path(options, "ace_playbook"))
-  schedule = playbook_schedule(options.best_of_n)
-  return Method("ace_playbook", schedule, projection.TreeContext(playbook), options.template)
+  return Method(
+    "ace_playbook", schedule("ace_playbook", options), projection.TreeContext(playbook), options.template
+  )
 
 
 def _gepa_template(options: MethodOptions) -> str:
@@ -190,7 +204,7 @@ def _gepa_template(options: MethodOptions) -> str:
 @register("gepa")
 def gepa(options: MethodOptions) -> Method:
   """Best-of-N with the solver instruction GEPA evolved."""
-  return Method("gepa", tiers.Schedule.best_of_n(options.best_of_n), template=_gepa_template(options))
+  return Method("gepa", schedule("gepa", options), template=_gepa_template(options))
 
 
 @register("tiered_gepa")

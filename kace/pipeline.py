@@ -20,6 +20,7 @@ from typing import Any
 from kace import (
   answers,
   baselines,
+  budget,
   cards,
   data,
   embed,
@@ -134,6 +135,12 @@ def build(
   out = {}
   with config.grader.grader() as grader:
     problems = training_problems(config, grader)
+    if config.plan.dry_run or config.plan.check_context:
+      tests = evaluate.load_problems(config.data, config.generated(), grader)
+      if config.plan.dry_run:
+        budget.dry_run(config, tests, workdir, train=len(problems), build=True)
+        return {}
+      budget.check_endpoints(config, problems, build=True)
     classifier = lambda: methods.role(config.roles.get("classifier"))
     domains = evaluate.domains_of_run(config, problems, classifier, workdir).of
     _log.info("training on %d problems; artefacts %s", len(problems), needed)
@@ -177,6 +184,8 @@ def table(
   for bench in config.table.benchmarks:
     c = config.benchmark(bench)
     built = build(c, os.path.join(workdir, bench, "build"), embedder)
+    if config.plan.dry_run:  # build printed the benchmark's plan, its evaluation included
+      continue
     c = dataclasses.replace(
       c,
       learn=dataclasses.replace(c.learn, dir=os.path.join(workdir, bench, "build")),
@@ -189,6 +198,8 @@ def table(
       os.path.join(workdir, bench, "eval"), c, allow_changes=allow_config_change
     )
     results[bench] = evaluate.run(c, eval_dir)
+  if config.plan.dry_run:
+    return {}
   rundir.write_json(os.path.join(workdir, "table.json"), results)
   rundir.atomic_write_text(os.path.join(workdir, "table.md"), table_markdown(results, config.table.methods))
   evaluate.plot_accuracy_vs_calls(results, os.path.join(workdir, "table.png"))

@@ -6,8 +6,8 @@ python -m launch.kace_eval --workdir=/tmp/kace_eval --config.learn.dir=/tmp/kace
     --config.kace.tree=/tmp/kace_build/kace/tree.json
 """
 
+from kace import budget, pipeline
 from kace import config as kace_config
-from kace import pipeline
 from launch import common
 from lm import sharding
 
@@ -19,7 +19,10 @@ def main(_):
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
   with common.work(f"build into {workdir}"):
-    pipeline.build(config, workdir)
+    try:
+      pipeline.build(config, workdir)
+    except budget.EndpointError as e:  # an endpoint that cannot take the run: one line, before any call
+      common.fail(str(e))
 
 
 def run():

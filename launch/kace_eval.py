@@ -4,8 +4,8 @@ python -m launch.kace_eval --workdir=/tmp/kace_run                      # CPU sc
 python -m launch.kace_eval --config=configs/kace.py:openai --workdir=... --config.roles.solver.base_url=...
 """
 
+from kace import budget, evaluate
 from kace import config as kace_config
-from kace import evaluate
 from launch import common
 from lm import sharding
 
@@ -19,7 +19,10 @@ def main(_):
   with common.work(f"evaluation into {common.WORKDIR.value}"):
     config = evaluate.resolve(config)
     workdir = common.prepare_workdir(config)
-    evaluate.run(config, workdir)
+    try:
+      evaluate.run(config, workdir)
+    except budget.EndpointError as e:  # an endpoint that cannot take the run: one line, before any call
+      common.fail(str(e))
 
 
 def run():

@@ -380,7 +380,8 @@ class OpenAIServer:
       )
 
   def models(self) -> dict[str, Any]:
-    """The base model and every loaded adapter, each with its context limit (vLLM's fields)."""
+    """The base model and every loaded adapter, each with its context limit (vLLM's fields) and the
+    most `max_tokens` a request may ask (`max_tokens`, this server's own field: vLLM has no such cap)."""
 
     def entry(name: str, root: str, parent: str | None) -> dict[str, Any]:
       return {
@@ -391,6 +392,7 @@ class OpenAIServer:
         "root": root,
         "parent": parent,
         "max_model_len": self.context_limit,
+        "max_tokens": self.config.max_tokens,
       }
 
     with self._adapters_lock:
