@@ -89,7 +89,7 @@ def load_problems(
     raise ValueError(f"half must be 'train' or 'test', got {half!r}")
   if half == "train" and d.train_name:  # learned on other data: every problem of that set
     if not d.train_source and d.train_name not in ("synthetic", "testbed", "aime2025"):
-      raise ValueError(
+      raise data.DataSourceError(
         f"config.data.train_source is empty: data.train_name={d.train_name!r} learns on that benchmark's "
         "files; set --config.data.train_source=/path (e.g. MATH's train split)"
       )

@@ -135,11 +135,11 @@ def build(
   out = {}
   with config.grader.grader() as grader:
     problems = training_problems(config, grader)
-    if config.plan.dry_run or config.plan.check_context:
+    if config.plan.dry_run:
       tests = evaluate.load_problems(config.data, config.generated(), grader)
-      if config.plan.dry_run:
-        budget.dry_run(config, tests, workdir, train=len(problems), build=True)
-        return {}
+      budget.dry_run(config, tests, workdir, train=len(problems), build=True)
+      return {}
+    if config.plan.check_context:
       budget.check_endpoints(config, problems, build=True)
     classifier = lambda: methods.role(config.roles.get("classifier"))
     domains = evaluate.domains_of_run(config, problems, classifier, workdir).of

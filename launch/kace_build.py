@@ -6,7 +6,7 @@ python -m launch.kace_eval --workdir=/tmp/kace_eval --config.learn.dir=/tmp/kace
     --config.kace.tree=/tmp/kace_build/kace/tree.json
 """
 
-from kace import budget, pipeline
+from kace import budget, data, pipeline
 from kace import config as kace_config
 from launch import common
 from lm import sharding
@@ -21,7 +21,7 @@ def main(_):
   with common.work(f"build into {workdir}"):
     try:
       pipeline.build(config, workdir)
-    except budget.EndpointError as e:  # an endpoint that cannot take the run: one line, before any call
+    except (budget.EndpointError, data.DataSourceError) as e:  # one line, before any call
       common.fail(str(e))
 
 

@@ -4,7 +4,7 @@ python -m launch.kace_eval --workdir=/tmp/kace_run                      # CPU sc
 python -m launch.kace_eval --config=configs/kace.py:openai --workdir=... --config.roles.solver.base_url=...
 """
 
-from kace import budget, evaluate
+from kace import budget, data, evaluate
 from kace import config as kace_config
 from launch import common
 from lm import sharding
@@ -21,7 +21,7 @@ def main(_):
     workdir = common.prepare_workdir(config)
     try:
       evaluate.run(config, workdir)
-    except budget.EndpointError as e:  # an endpoint that cannot take the run: one line, before any call
+    except (budget.EndpointError, data.DataSourceError) as e:  # one line, before any call
       common.fail(str(e))
 
 

@@ -5,7 +5,7 @@ See configs/kace.py and docs/kace.md ("The table").
 python -m launch.kace_table --workdir=/tmp/kace_table                    # CPU scale, synthetic maths
 """
 
-from kace import budget, pipeline
+from kace import budget, data, pipeline
 from kace import config as kace_config
 from launch import common
 from lm import sharding
@@ -20,7 +20,7 @@ def main(_):
   with common.work(f"table into {workdir}"):
     try:
       pipeline.table(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
-    except budget.EndpointError as e:  # an endpoint that cannot take the run: one line, before any call
+    except (budget.EndpointError, data.DataSourceError) as e:  # one line, before any call
       common.fail(str(e))
   if not config.plan.dry_run:  # a dry run printed its plans instead
     print(open(f"{workdir}/table.md").read())

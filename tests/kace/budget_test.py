@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import configs.kace
-from kace import budget, data, tiers
+from kace import budget, data, evaluate, tiers
 from kace import config as config_lib
 
 
@@ -61,3 +61,9 @@ def test_plan_of_the_openai_preset_counts_every_method():
   assert "cost_usd" not in plan and "hours" not in plan  # no price, no rate: no line
   text = budget.format_plan(plan)
   assert "no generation call" in text and "| total |" in text
+
+
+def test_learning_on_another_benchmark_without_its_files_names_train_source(grader):
+  c = config_lib.KaceConfig.from_dict(configs.kace.get_config("openai"))  # train_name="math", no source
+  with pytest.raises(data.DataSourceError, match=r"config\.data\.train_source is empty"):
+    evaluate.load_problems(c.data, c.generated(), grader, half="train")
