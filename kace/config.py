@@ -381,7 +381,9 @@ class KaceConfig:
   retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
   table: TableConfig = dataclasses.field(default_factory=TableConfig)
   # Benchmarks of the table, each a set of `data` overrides.
-  benchmarks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  benchmarks: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+    default_factory=lambda: {"synthetic": {"name": "synthetic"}}  # table.benchmarks' default names it
+  )
   schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
   domains: tuple[str, ...] = ("algebra", "geometry", "combinatorics", "number_theory")
   fallback_domain: str = ""  # an unusable classifier reply gets this domain ("" = the first domain)
