@@ -289,7 +289,6 @@ class OpenAIGenerator:
       if params.logprobs:
         kwargs["logprobs"] = 0  # the sampled token's log-prob, no alternatives
         if self.token_ids:
-          kwargs["logprobs"] = 1  # vLLM returns the sampled token's with 0 too; 1 is what it documents
           extra_body["return_tokens_as_token_ids"] = True
       response = self.client.completions.create(prompt=prompt, extra_body=extra_body or None, **kwargs)
       choices = [(c.text, c.finish_reason, _completion_logprobs(c)) for c in _by_index(response.choices)]
