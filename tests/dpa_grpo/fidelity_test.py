@@ -111,11 +111,19 @@ def test_lora_dropout_needs_adapters_and_a_rate_below_one():
 
 @pytest.mark.parametrize(
   "section, key, value",
-  [("loss", "decision_rewards", "binary"), ("train", "update_every", "epoch"), ("baseline", "mode", "trl")],
+  [
+    ("loss", "decision_rewards", "binary"),
+    ("train", "update_every", "epoch"),
+    ("baseline", "mode", "trl"),
+    ("rollout", "engine", "sglang"),  # any OpenAI-compatible engine is "openai"
+    ("rollout", "engine_url", ""),  # engine="openai" without a URL (set below)
+  ],
 )
 def test_unknown_choices_fail_with_their_key(section, key, value):
   values = dpa_config.get_config("tiny").to_dict()
   values[section][key] = value
+  if key == "engine_url":
+    values["rollout"]["engine"] = "openai"
   with pytest.raises(ValueError, match=f"{section}.{key}"):
     config_lib.ExperimentConfig.from_dict(values)
 
