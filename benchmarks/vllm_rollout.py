@@ -58,6 +58,7 @@ def main() -> None:
   from lm import rundir
 
   c = dpa_config.get_config("tiny")
+  c.model.overrides = dict(head_dim=32)  # vLLM's CPU attention has no kernel for the tiny preset's 16
   os.makedirs(args.workdir, exist_ok=True)
   base = base_checkpoint(ExperimentConfig.from_dict(c.to_dict()), args.workdir)
   url = f"http://127.0.0.1:{args.port}/v1"
