@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kace import baselines, cards, embed, projection, tiers
 from kace.config import MethodOptions
@@ -111,19 +111,33 @@ TREE_ARTIFACTS = {
 }
 
 
+class MissingArtifact(FileNotFoundError):
+  """A learned method's artefact (tree, playbook, prompt) is not there: the launchers print the
+  message as one line, before any generation call, and say which build makes it."""
+
+
 def artifact_path(options: MethodOptions, artifact: str, filename: str = "tree.json") -> str:
   """Where `artifact` lives; `config.kace.tree` (`options.kace_tree`), when set, is the `kace` tree."""
   if artifact == "kace" and options.kace_tree:
     return options.kace_tree
   if not options.learn_dir:
-    raise ValueError(
+    raise MissingArtifact(
       f"the {artifact!r} artefact needs config.learn.dir (a build directory; python -m launch.kace_build)"
       + (" or config.kace.tree" if artifact == "kace" else "")
     )
   path = os.path.join(options.learn_dir, artifact, filename)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} does not exist: build it with python -m launch.kace_build")
+    raise MissingArtifact(f"{path} does not exist: build it with python -m launch.kace_build")
   return path
+
+
+def check_artifacts(names: Sequence[str], options: MethodOptions) -> None:
+  """Raises MissingArtifact for the first method of `names` whose learned artefact is not there:
+  checked by the launchers before a run directory is written or a model loaded."""
+  for name in names:
+    if name in ARTIFACT:
+      artifact = ARTIFACT[name]
+      artifact_path(options, artifact, "prompt.json" if artifact == "gepa" else "tree.json")
 
 
 def _learned_tree(options: MethodOptions, artifact: str) -> cards.EpistemicTree:

@@ -176,6 +176,11 @@ def define_config(name: str, default: str, help_string: str = "") -> flags.FlagH
   )
 
 
+def config_source(name: str) -> tuple[str, str]:
+  """(absolute config file, preset) the config flag `name` was loaded from (`define_config`)."""
+  return _CONFIGS[name]
+
+
 # ---- the typed config ----------------------------------------------------------------------------------
 
 

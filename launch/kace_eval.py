@@ -4,7 +4,7 @@ python -m launch.kace_eval --workdir=/tmp/kace_run                      # CPU sc
 python -m launch.kace_eval --config=configs/kace.py:openai --workdir=... --config.roles.solver.base_url=...
 """
 
-from kace import budget, data, evaluate
+from kace import budget, data, evaluate, methods
 from kace import config as kace_config
 from launch import common
 from lm import sharding
@@ -18,6 +18,11 @@ def main(_):
   # resolved first: evaluate.run records the resolved config, which a resume must compare against
   with common.work(f"evaluation into {common.WORKDIR.value}"):
     config = evaluate.resolve(config)
+    if not config.plan.dry_run:  # a plan needs no artefact; a run stops here, before any write
+      try:
+        methods.check_artifacts(config.methods, config.method_options())
+      except methods.MissingArtifact as e:
+        common.fail(f"--config.methods: {e}")
     workdir = common.prepare_workdir(config)
     try:
       evaluate.run(config, workdir)

@@ -15,15 +15,15 @@ import json
 import os
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
 from dpa_grpo import plan as dpa_plan
 from kace import plan as kace_plan
+from launch import common
 from lm import plan as plan_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "A preset: configs/<job>.py:<preset>.", lock_config=False
+_CONFIG = common.define_config(
+  "config", "configs/dpa_grpo.py:qwen3_4b", "A preset: configs/<job>.py:<preset> (default the DPA-GRPO 4B)."
 )
 _TARGET = flags.DEFINE_string(
   "target", "h100x8", f"One of {list(plan_lib.TARGETS)}, comma-separated, tpu or gpu."
@@ -44,11 +44,16 @@ def main(argv):
       f.write(plan_lib.render(rows, date=datetime.date.today().isoformat()))
     print(f"wrote {_MARKDOWN.value} ({len(rows)} plans)")
     return
-  preset = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
+  try:
+    names = plan_lib.target_names(_TARGET.value)  # an unknown target stops before any compile
+  except ValueError as e:
+    common.fail(f"--target: {e}")
+  path, preset_name = common.config_source("config")
+  preset = f"{os.path.relpath(path, common.ROOT)}:{preset_name}"  # as the table names it
   # The job's planner: DPA-GRPO trains (accumulate, apply, sampler), KACE samples only.
-  kace = "kace" in os.path.basename(preset.split(":")[0])
+  kace = "kace" in os.path.basename(path)
   choose = kace_plan.choose if kace else functools.partial(dpa_plan.choose, sample=_SAMPLE.value)
-  for name in plan_lib.target_names(_TARGET.value):
+  for name in names:
     target = plan_lib.TARGETS[name]
     result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
     result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
@@ -59,5 +64,10 @@ def main(argv):
         f.write(json.dumps(result) + "\n")
 
 
+def run():
+  """The console entry point (setup.py)."""
+  common.run(main, required=())
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -28,9 +28,19 @@ COMMANDS = {
   "--config.roles.solver.checkpoint=/models/Qwen3-4B --config.roles.teacher.checkpoint=/models/Qwen3-32B "
   "--config.roles.curator.checkpoint=/models/Qwen3-32B --config.data.source=/data/MATH":
     "not CPU: Qwen3-4B and Qwen3-32B checkpoints and the MATH data",
+  "python -m launch.kace_build --config=configs/kace.py:openai --workdir=runs/aime_build "
+  "--config.data.source=/data/aime2025.jsonl --config.data.train_source=/data/MATH "
+  "'--config.methods=(\"kace\",)'":
+    "not CPU: served Qwen3-4B and Qwen3-32B and MATH (the preset at tiny size against lm.server: "
+    "tests/kace/endpoint_test.py)",
   "python -m launch.kace_eval --config=configs/kace.py:openai --workdir=runs/aime "
-  "--config.roles.solver.base_url=http://localhost:8000/v1 --config.data.source=/data/aime2025.jsonl":
-    "not CPU: an OpenAI-compatible server with Qwen3-4B (the server itself: test_serve_tiny_...)",
+  "--config.data.source=/data/aime2025.jsonl --config.learn.dir=runs/aime_build":
+    "not CPU: an OpenAI-compatible server with Qwen3-4B (the preset at tiny size against lm.server: "
+    "tests/kace/endpoint_test.py)",
+  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=/runs/4b_vllm "
+  "--config.model.checkpoint=/models/Qwen3-4B --config.rollout.engine=openai "
+  "--config.rollout.engine_url=http://127.0.0.1:8000/v1":
+    "not CPU: Qwen3-4B behind vLLM (the tiny preset against lm.server: tests/dpa_grpo/engine_test.py)",
   "python -m launch.kace_build --workdir=runs/kace_build '--config.methods=(\"kace\",)'":
     _RUNS + "test_kace_build_and_table_smoke_runs",
   "python -m launch.kace_table --workdir=runs/kace_table": _RUNS + "test_kace_build_and_table_smoke_runs",
@@ -75,7 +85,6 @@ COMMANDS.update({
   "python -m benchmarks.sampler_bench": _BENCH,
   "python -m benchmarks.sampler_bench --quick": _BENCH,
   "python -m benchmarks.rl_bench": _RL_BENCH,
-  "python -m benchmarks.rl_bench --quick": _RL_BENCH,
 })  # fmt: skip
 
 

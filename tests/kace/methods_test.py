@@ -211,8 +211,8 @@ def test_malformed_router_reflector_and_ace_curator_replies_raise_only_reply_err
 
 def test_learned_methods_name_the_missing_build():
   config = configs.kace.get_config()
-  with pytest.raises(ValueError, match="config.learn.dir"):
+  with pytest.raises(methods.MissingArtifact, match="config.learn.dir"):
     methods.build("no_domain", kace_config.KaceConfig.from_dict(config).method_options())
   config.learn.dir = "/nonexistent"
-  with pytest.raises(FileNotFoundError, match="launch.kace_build"):
+  with pytest.raises(methods.MissingArtifact, match="launch.kace_build"):
     methods.build("tiered_gepa", kace_config.KaceConfig.from_dict(config).method_options())

@@ -14,8 +14,8 @@ from lm import rundir
 
 ROOT = pathlib.Path(__file__).parents[2]
 LAUNCHERS = (
-  "dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed", "main", "serve",
-  "sweep", "theory",
+  "dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed", "main", "plan",
+  "serve", "sweep", "theory",
 )  # fmt: skip
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
 
@@ -100,6 +100,10 @@ def test_bad_key_value_or_weights_stop_in_one_line_leaving_the_workdir_as_it_was
     ("launch.dpa_grpo", "--config.loss.kl=k9"): "loss.kl must be one of",
     ("launch.dpa_grpo", "--config=configs/dpa_grpo.py:qwen3_4b"): (
       "model.checkpoint is empty: the qwen3_4b preset needs real weights; download Qwen/Qwen3-4B"
+    ),
+    # the `kace` method with no learned tree: stops before the endpoint is asked anything
+    ("launch.kace_eval", "--config=configs/kace.py:openai"): (
+      "--config.methods: the 'kace' artefact needs config.learn.dir"
     ),
   }
   for (module, arg), message in cases.items():
