@@ -84,6 +84,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       engine="jax",  # or "openai": roles sampled from a serving engine as LoRA adapters (docs/dpa_grpo.md)
       engine_url="",  # the engine's OpenAI base URL, e.g. http://127.0.0.1:8000/v1
       engine_adapter_dir="",  # where adapters are written for the engine ("": <workdir>/engine_adapters)
+      truncated="unanswered",  # a reply cut by max_new_tokens: only complete lines answer (or "extract")
     )
   )
   # DPA-GRPO loss (dpa_grpo.losses): β, KL estimator (k1 = the reference code; k3; exact), weighting

@@ -42,8 +42,8 @@ from flax import nnx
 
 from dpa_grpo import game
 from dpa_grpo.envs import copycheck, taxcalc
+from lm import rundir, scoring, seeding, sharding
 from lm import sampler as sampler_lib
-from lm import scoring, seeding
 from lm import text as text_lib
 
 KEEP_RULES = ("majority", "logprob", "first_parseable", "first")
@@ -51,6 +51,7 @@ CONTEXTS = ("submitted", "draft")
 GROUP_CARRIES = ("first", "best")
 UNPARSED_REVISIONS = ("missing", "keep_draft")
 ENGINES = ("jax", "openai")
+TRUNCATED = ("unanswered", "extract")  # what a reply cut off by max_new_tokens answers
 _PHASES = {"draft": 0, "verify": 1, "revise": 2, "decide": 3, "explore": 4, "group": 5}
 
 
@@ -87,10 +88,14 @@ class RolloutConfig:
     engine: who samples — "jax" (the in-process `lm.Sampler`) or "openai" (a serving engine at
       `engine_url` — vLLM, SGLang, `lm.server` — each role served as its LoRA adapter by name,
       `EngineRolePolicy`; the trainer syncs the adapters after every update and rescores what
-      was sampled itself).
+      was sampled itself; on several hosts process 0 is the engine's one client and sends the
+      samples to the others).
     engine_url: the engine's OpenAI base URL ("http://host:port/v1") with engine="openai".
     engine_adapter_dir: where the trainer writes the roles' PEFT adapters for the engine to load
       (a path the engine can read); "": `<workdir>/engine_adapters`.
+    truncated: what a draft or revision cut off by `max_new_tokens` answers — "unanswered" (the
+      benchmark's rule: only its complete lines count, so an amount cut mid-number is never read,
+      `taxcalc.complete_part`) or "extract" (the whole text is parsed, the reference code's reading).
   """
 
   lines: tuple[str, ...] = taxcalc.LINE_IDS
@@ -119,8 +124,11 @@ class RolloutConfig:
   engine: str = "jax"
   engine_url: str = ""
   engine_adapter_dir: str = ""
+  truncated: str = "unanswered"
 
   def __post_init__(self):
+    if self.truncated not in TRUNCATED:
+      raise ValueError(f"rollout.truncated must be one of {TRUNCATED}, got {self.truncated!r}")
     if self.engine not in ENGINES:
       raise ValueError(f"rollout.engine must be one of {ENGINES}, got {self.engine!r}")
     if self.engine == "openai" and not self.engine_url:
@@ -258,7 +266,9 @@ def rescore(
     extra["attention_mask"][:, -1] = 1
     batch = {k: np.concatenate([v, extra[k]]) for k, v in batch.items()}
   graphdef, state = nnx.split(model)
-  logp = np.asarray(_rescore(graphdef, state, batch["tokens"], batch["attention_mask"], chunk=chunk))
+  logp = np.asarray(
+    sharding.to_host(_rescore(graphdef, state, batch["tokens"], batch["attention_mask"], chunk=chunk))
+  )
   width = batch["tokens"].shape[1]
   return [logp[i, width - len(c) :] if len(c) else logp[i, :0] for i, c in enumerate(completions)]
 
@@ -357,8 +367,9 @@ class EngineRolePolicy:
     if model.lora is None:
       raise ValueError(f"rollout.engine='openai' serves role {self.name!r} as a LoRA adapter: it has none")
     path = os.path.abspath(os.path.join(self.adapter_dir, self.name))
-    lora.save_peft(model.lora, path, **self.peft)
-    load_adapter(self.engine_url, self.name, path)
+    lora.save_peft(model.lora, path, **self.peft)  # every process gathers; process 0 writes
+    if rundir.is_writer():  # one client of the engine: process 0 (`generate`)
+      load_adapter(self.engine_url, self.name, path)
     self.model = model
 
   def generate(
@@ -390,7 +401,8 @@ class EngineRolePolicy:
       )
       for s in seeds
     ]
-    out = self.generator.generate(texts, n, params)
+    # Process 0 asks the engine; every process trains on its samples (one batch on every host).
+    out = sharding.broadcast_object(self.generator.generate(texts, n, params) if rundir.is_writer() else None)
     flat = [(i, g) for i, gens in enumerate(out) for g in gens]
     trainer = rescore(
       self.model,
@@ -581,8 +593,10 @@ def keep_revision(samples: Sequence[Sample], amounts: Sequence[float | None], ru
   return next(i for i in by_logprob if amounts[i] in winners)
 
 
-def _amount(text: str, line_id: str) -> float | None:
-  return taxcalc.parse_line_answer(text, line_id).value
+def _amount(sample: Sample, line_id: str, cfg: RolloutConfig) -> float | None:
+  """The sample's amount for the line; a sample cut off by max_new_tokens answers by `cfg.truncated`."""
+  finish = sample.finish if cfg.truncated == "unanswered" else None
+  return taxcalc.parse_line_answer(sample.text, line_id, finish).value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -624,7 +638,7 @@ def _draft_phase(
   )
   out = []
   for case, prompt, prompt_ids, (x,) in zip(cases, prompts, ids, drafts, strict=True):
-    amount = _amount(x.text, line_id)
+    amount = _amount(x, line_id, cfg)
     gold = case.gold[line_id]
     out.append(
       Draft(
@@ -698,7 +712,7 @@ def _revise_phase(
   )
   out = []
   for (d, _), prompt, prompt_ids, samples in zip(challenged, prompts, ids, revisions, strict=True):
-    amounts = tuple(_amount(s.text, d.line_id) for s in samples)
+    amounts = tuple(_amount(s, d.line_id, cfg) for s in samples)
     kept = keep_revision(samples, amounts, cfg.keep_rule)
     out.append(
       Revision(
@@ -870,7 +884,7 @@ def sample_groups(
       seeds=seeding.derive_seeds(seed, step, li, _PHASES["group"], n=len(prompts)),
     )
     for case, prompt, prompt_ids, group, d in zip(cases, prompts, ids, samples, drafted, strict=True):
-      amounts = tuple(_amount(s.text, line_id) for s in group)
+      amounts = tuple(_amount(s, line_id, cfg) for s in group)
       gold = case.gold[line_id]
       rewards = tuple(float(cfg.correct(a, gold)) for a in amounts)
       groups.append(

@@ -252,11 +252,17 @@ def save_peft(
     rank, alpha: R and α (the update is (α/R)·A·B, PEFT's `r` and `lora_alpha`).
     target_modules: the adapted projections, ours ("q", "gate") or PEFT's ("q_proj", "gate_proj").
     base_model_name: `base_model_name_or_path` (e.g. "Qwen/Qwen3-4B").
+
+  On several hosts every process calls it (gathering the factors is a collective); process 0 writes.
   """
   from safetensors.numpy import save_file
 
+  from lm import rundir
+
   targets = [_target_name(t) for t in target_modules]
-  factors = _factors_of(lora_params)
+  factors = _factors_of(lora_params)  # a collective on several hosts: every process calls save_peft
+  if not rundir.is_writer():  # process 0 writes (the checks below ran there)
+    return
   tensors = {}
   for target in targets:
     weight = PROJECTIONS[target][0]

@@ -67,6 +67,27 @@ def to_host(tree: Any) -> Any:
   return jax.tree.map(get, tree)
 
 
+def broadcast_object(obj: Any) -> Any:
+  """Process 0's `obj` (any picklable value) on every process; `obj` itself on one host.
+
+  For what only process 0 fetches from outside the job — a serving engine's samples — so that
+  every process builds the same batch from the same data. A collective: every process calls it,
+  with anything (None) where it is not process 0.
+  """
+  if jax.process_count() == 1:
+    return obj
+  import pickle
+
+  import numpy as np
+
+  payload = np.frombuffer(pickle.dumps(obj), np.uint8) if jax.process_index() == 0 else np.zeros(0, np.uint8)
+  size = int(multihost_utils.broadcast_one_to_all(np.asarray(payload.size, np.int64)))
+  padded = np.zeros(size, np.uint8)
+  padded[: payload.size] = payload
+  data = np.asarray(multihost_utils.broadcast_one_to_all(padded), np.uint8)
+  return pickle.loads(data.tobytes())
+
+
 # ---- meshes ------------------------------------------------------------------------------------
 
 MESH_AXES = ("data", "fsdp", "tp")

@@ -39,6 +39,18 @@ def test_config_rejects_unknown_choices():
     rollout.RolloutConfig(keep_rule="oracle")
   with pytest.raises(KeyError, match="unknown Form 1040 line"):
     rollout.RolloutConfig(lines=("99",))
+  with pytest.raises(ValueError, match="rollout.truncated"):
+    rollout.RolloutConfig(truncated="last_number")
+
+
+def test_a_reply_cut_by_max_new_tokens_answers_only_in_its_complete_lines():
+  cut = "Line 9: wages | 4016\nLine 9: restated | 40"  # cut mid-number: 40 of 4016
+  unanswered, extract = rollout.RolloutConfig(), rollout.RolloutConfig(truncated="extract")
+  assert rollout._amount(rollout.Sample(cut, (), 0.0, "length"), "9", unanswered) == 4016.0
+  assert rollout._amount(rollout.Sample(cut, (), 0.0, "length"), "9", extract) == 40.0
+  assert rollout._amount(rollout.Sample(cut, (), 0.0, "stop"), "9", unanswered) == 40.0  # it chose to stop
+  alone = rollout.Sample("Line 9: wages | 40", (), 0.0, "length")
+  assert rollout._amount(alone, "9", unanswered) is None and rollout._amount(alone, "9", extract) == 40.0
 
 
 def test_chunk_shares_add_up_to_the_step_mean():

@@ -55,7 +55,9 @@ def _start(command: list[str], processes: int, log_dir) -> list[subprocess.Popen
   for i in range(processes):
     env = _env(4) if processes == 1 else _env(2, i, port)
     log = open(os.path.join(log_dir, f"process{i}-{time.monotonic_ns()}.log"), "wb")
-    procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log.name  # Popen.stdout is None when stdout is a file
+    procs.append(proc)
   return procs
 
 
@@ -63,7 +65,7 @@ def _wait(procs: list[subprocess.Popen]) -> None:
   for p in procs:
     rc = p.wait(timeout=TIMEOUT_S)
     if rc != 0:
-      with open(p.stdout.name, "rb") as f:
+      with open(p.log_path, "rb") as f:
         tail = f.read()[-3000:].decode(errors="replace")
       raise AssertionError(f"{p.args} exited {rc}:\n{tail}")
 
@@ -165,3 +167,25 @@ def test_kace_eval_two_processes_killed_and_resumed_match_one_process(tmp_path):
   assert not _differences(
     json.loads((two / "metrics.json").read_text()), json.loads((one / "metrics.json").read_text())
   )
+
+
+_BROADCAST = """
+import json, sys
+import jax
+from lm import sharding
+sharding.initialize_distributed()
+mine = {"texts": ["x" * 5000, "\\u00e9"], "ids": [[1, 2], [3]]} if jax.process_index() == 0 else None
+print(json.dumps(sharding.broadcast_object(mine)))
+"""
+
+
+def test_broadcast_object_gives_every_process_process_0s_value(tmp_path):
+  """What only process 0 fetches (a serving engine's samples, dpa_grpo.rollout.EngineRolePolicy)
+  reaches the other process whole: same text, same ids."""
+  procs = _start([sys.executable, "-c", _BROADCAST], 2, tmp_path)
+  _wait(procs)
+  outputs = []
+  for p in procs:
+    with open(p.log_path) as f:
+      outputs.append(json.loads(f.read().strip().splitlines()[-1]))
+  assert outputs[0] == outputs[1] == {"texts": ["x" * 5000, "\u00e9"], "ids": [[1, 2], [3]]}
