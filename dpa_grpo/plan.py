@@ -29,18 +29,25 @@ def seq_len(exp: config_lib.ExperimentConfig) -> int:
   return shapes.width_bucket(PROMPT_TOKENS + longest)
 
 
-def programs(
-  exp: config_lib.ExperimentConfig,
-  target: plan_lib.Target,
-  *,
-  train: bool = True,
-  sample: bool = True,
-  length: int = 0,
-  sample_rows: int = SAMPLE_ROWS,
-  prompt_tokens: int = PROMPT_TOKENS,
-) -> list[plan_lib.ProgramPlan]:
-  """`accumulate`, `apply` (and the sampler's program) of `exp`'s preset compiled for `target`;
-  `length`: the loss rows' width (0: `seq_len`)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Setup:
+  """What `accumulate`, `apply` and the sampler of one preset are built from on one target."""
+
+  accumulate_args: tuple  # (grads, trainable, frozen, batch, dropout_key), abstract
+  accumulate_kwargs: dict
+  chunk: dict  # the batch as host arrays (the abstract `batch` is its shapes and shardings)
+  policies: Any
+  trainable: Any
+  frozen: Any
+  opt_state: Any
+  tx: Any
+  mesh: Any
+  shard: sharding_lib.ShardingConfig
+  model: tuple[float, float]  # counted (FLOPs, bytes) of one accumulate call per device
+  detail: str
+
+
+def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: int = 0) -> _Setup:
   shard = sharding_lib.ShardingConfig()
   devices = plan_lib.target_devices(target)
   mesh = plan_lib.target_mesh(devices, exp.mesh)
@@ -76,6 +83,35 @@ def programs(
   extra = {"none": 0.0, "dots_saveable": 0.5, "full": 1.0}[exp.loss.remat]
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
+  return _Setup(
+    accumulate_args=(trainable, trainable, frozen, batch, key),
+    accumulate_kwargs=dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
+    chunk=chunk,
+    policies=pols,
+    trainable=trainable,
+    frozen=frozen,
+    opt_state=opt_state,
+    tx=tx,
+    mesh=mesh,
+    shard=shard,
+    model=(fwd * passes, weights * passes),
+    detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+  )
+
+
+def programs(
+  exp: config_lib.ExperimentConfig,
+  target: plan_lib.Target,
+  *,
+  train: bool = True,
+  sample: bool = True,
+  length: int = 0,
+  sample_rows: int = SAMPLE_ROWS,
+  prompt_tokens: int = PROMPT_TOKENS,
+) -> list[plan_lib.ProgramPlan]:
+  """`accumulate`, `apply` (and the sampler's program) of `exp`'s preset compiled for `target`;
+  `length`: the loss rows' width (0: `seq_len`)."""
+  su = _setup(exp, target, length)
   out = (
     []
     if not train
@@ -83,40 +119,95 @@ def programs(
       plan_lib.compile_program(
         "accumulate",
         step.accumulate,
-        (trainable, trainable, frozen, batch, key),
-        dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
+        su.accumulate_args,
+        su.accumulate_kwargs,
         target,
-        model=(fwd * passes, weights * passes),
-        resident=plan_lib.tree_bytes(opt_state),
-        detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+        model=su.model,
+        resident=plan_lib.tree_bytes(su.opt_state),
+        detail=su.detail,
       ),
       plan_lib.compile_program(
         "apply",
         step.apply,
-        (trainable, opt_state, trainable),
-        dict(tx=tx),
+        (su.trainable, su.opt_state, su.trainable),
+        dict(tx=su.tx),
         target,
-        model=(0.0, 4 * plan_lib.tree_bytes(trainable)),
+        model=(0.0, 4 * plan_lib.tree_bytes(su.trainable)),
       ),
     ]
   )
   if sample:
-    sampled = pols.policy(trainable, frozen, role)
+    sampled = su.policies.policy(su.trainable, su.frozen, su.accumulate_kwargs["role"])
     out.append(
       plan_lib.sampler_program(
         sampled,
-        mesh,
+        su.mesh,
         target,
         rows=sample_rows,
         prompt_len=prompt_tokens,
         new_tokens=exp.rollout.max_new_tokens,
         n=1,
         step_bucket=64,
-        shard=shard,
-        resident=plan_lib.tree_bytes(opt_state) + plan_lib.tree_bytes(trainable),
+        shard=su.shard,
+        resident=plan_lib.tree_bytes(su.opt_state) + plan_lib.tree_bytes(su.trainable),
       )
     )
   return out
+
+
+def measure_step(exp: config_lib.ExperimentConfig, *, length: int = 0, trials: int = 3) -> dict[str, Any]:
+  """The plan's `accumulate` for `exp` on this host's devices, predicted and then run.
+
+  The device check's `step` part (lm/device_check.py): the program compiled exactly as the plan
+  compiles it (`programs`), its memory analysis (compile) and roofline time (a model, from the
+  device's published figures, `plan_lib.local_target`), then called `trials` times on real
+  arrays — zero weights and adapters (a matmul's time does not depend on its values), the plan's
+  own packed batch, rows `length` wide (0: `seq_len`) — for the measured seconds (median, after
+  one warm-up call) and, where the backend reports it (GPU, TPU), the device's peak bytes in use.
+  On CPU the roofline figures are nominal and the memory is not reported.
+  """
+  import time
+
+  import numpy as np
+
+  target = plan_lib.local_target()
+  su = _setup(exp, target, length)
+  compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
+  plan = plan_lib.figures("accumulate", compiled, target, model=su.model, detail=su.detail)
+
+  def real(x):
+    return jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
+
+  _, trainable, frozen, _, key = su.accumulate_args
+  trainable, frozen = jax.tree.map(real, trainable), jax.tree.map(real, frozen)
+  key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
+  batch = {k: jax.device_put(v, su.accumulate_args[3][k].sharding) for k, v in su.chunk.items()}
+  device = jax.local_devices()[0]
+  stats = getattr(device, "memory_stats", lambda: None)() or {}
+  seconds = []
+  for _ in range(trials + 1):  # the first call warms up
+    grads = jax.tree.map(jax.numpy.zeros_like, trainable)
+    jax.block_until_ready(grads)
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(grads, trainable, frozen, batch, key))
+    seconds.append(time.perf_counter() - start)
+  after = getattr(device, "memory_stats", lambda: None)() or {}
+  measured = float(np.median(seconds[1:]))
+  return {
+    "target": dataclasses.asdict(target),
+    "program": plan.detail,
+    "predicted_peak_bytes": plan.peak,
+    "predicted_temporaries_bytes": plan.temporaries,
+    "predicted_seconds": plan.seconds,
+    "measured_seconds": measured,
+    "measured_seconds_all": seconds[1:],
+    "measured_over_roofline": measured / plan.seconds if plan.seconds else None,
+    "peak_bytes_in_use": after.get("peak_bytes_in_use"),
+    "bytes_in_use_before": stats.get("bytes_in_use"),
+    "source": "compile (predicted bytes), model (predicted seconds: counted FLOPs and bytes over the "
+    "device's published peak), measured (seconds; peak bytes in use: the process's peak so far, "
+    "as the backend reports it)",
+  }
 
 
 def _like_params(opt_state: Any, trainable: Any) -> Any:

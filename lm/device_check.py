@@ -15,9 +15,9 @@ torch nor transformers nor a package registry:
       decode   a reduced Qwen3-4B (its widths, vocabulary and heads, fewer layers, random bf16
                weights): the sampler's decode tokens/s against the memory-bandwidth roofline
                (weight bytes plus the KV bytes a step reads, over the measured bandwidth);
-      step     the same reduced model's training step (`lm.plan.measure_step` where the plan
-               module provides it): the compiled program's memory and its roofline time against
-               the device's measured peak memory and step time.
+      step     the same reduced model's DPA-GRPO `accumulate` (policy and reference forward,
+               backward; `dpa_grpo.plan.measure_step`): the plan's compiled memory and roofline
+               time against the measured step time and the device's peak memory.
 
 Every part writes its record to the output JSON even when another fails, and says where each
 figure comes from ("measured", "compile", "model"). `--cpu` runs the same code at toy sizes so
@@ -51,6 +51,8 @@ class CheckConfig:
     prompt_len, new_tokens: prompt and generated tokens per row.
     bandwidth_bytes: size of the array the bandwidth measurement copies.
     tiny_widths: use the tiny test model's widths instead of Qwen3-4B's (the `--cpu` mode).
+    step_pairs, step_tokens: the step part's pairs a chunk (2 rows each) and completion tokens
+      (its rows are the plan's 2,048-token prompt plus these, bucketed).
   """
 
   layers: int
@@ -59,12 +61,16 @@ class CheckConfig:
   new_tokens: int
   bandwidth_bytes: int
   tiny_widths: bool
+  step_pairs: int
+  step_tokens: int
 
   @classmethod
   def for_mode(cls, cpu: bool) -> CheckConfig:
     if cpu:
-      return cls(layers=2, rows=2, prompt_len=16, new_tokens=16, bandwidth_bytes=1 << 24, tiny_widths=True)
-    return cls(layers=4, rows=8, prompt_len=512, new_tokens=256, bandwidth_bytes=1 << 30, tiny_widths=False)
+      return cls(layers=2, rows=2, prompt_len=16, new_tokens=16, bandwidth_bytes=1 << 24, tiny_widths=True,
+                 step_pairs=2, step_tokens=16)  # fmt: skip
+    return cls(layers=4, rows=8, prompt_len=512, new_tokens=256, bandwidth_bytes=1 << 30, tiny_widths=False,
+               step_pairs=8, step_tokens=512)  # fmt: skip
 
 
 def prepare(directory: str, seed: int = 0) -> str:
@@ -202,14 +208,22 @@ def _decode(cfg: CheckConfig, bandwidth: float) -> dict[str, Any]:
 
 
 def _step(cfg: CheckConfig) -> dict[str, Any]:
-  try:
-    from lm import plan
-  except ImportError:
-    return {"skipped": "lm.plan is not in this tree"}
-  measure = getattr(plan, "measure_step", None)
-  if measure is None:
-    return {"skipped": "lm.plan has no measure_step"}
-  return measure(reduced_qwen3_4b(cfg), cpu=cfg.tiny_widths)
+  """DPA-GRPO's `accumulate` (the shipped train step's gradient program) for the reduced model:
+  the plan's prediction against the measured run (`dpa_grpo.plan.measure_step`)."""
+  from configs import dpa_grpo as presets
+  from dpa_grpo import config as config_lib
+  from dpa_grpo import plan as dpa_plan
+
+  model = reduced_qwen3_4b(cfg)
+  c = presets.get_config("tiny" if cfg.tiny_widths else "qwen3_4b")
+  c.model.preset = "tiny_qwen3" if cfg.tiny_widths else "qwen3_4b"
+  c.model.overrides = {"num_layers": model.num_layers}
+  c.model.dtype = "float32" if cfg.tiny_widths else "bfloat16"
+  c.train.pairs_per_chunk = cfg.step_pairs
+  c.rollout.update(max_new_tokens=cfg.step_tokens, verdict_tokens=cfg.step_tokens)
+  c.mesh.update(data=1, fsdp=-1, tp=1)
+  length = 64 if cfg.tiny_widths else 0  # 0: the plan's rows (2,048-token prompt + completion)
+  return dpa_plan.measure_step(config_lib.ExperimentConfig.from_dict(c), length=length)
 
 
 def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:

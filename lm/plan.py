@@ -42,7 +42,8 @@ class Target:
   """A machine to plan for: its devices and their published figures (per chip).
 
   platform: "tpu" (libtpu topology `topology`, e.g. "v5p:2x2x1"), "cuda" (`target_config`, a text
-  proto under lm/targets, `devices` GPUs on one host) or "cpu" (this host's devices; tests).
+  proto under lm/targets, `devices` GPUs on one host), "cpu" (this host's devices; tests) or
+  "local" (this host's accelerators, `local_target`: the device check).
   hbm_bytes: memory per device; hbm_bandwidth: bytes/s; peak_flops: dense bf16 FLOP/s.
   """
 
@@ -91,8 +92,37 @@ def cpu_target(devices: int, hbm_bytes: int) -> Target:
                 hbm_bandwidth=100e9, peak_flops=1e12)  # fmt: skip
 
 
+# Device kinds (`jax.Device.device_kind`, lower case) → the target whose published figures they have.
+_KINDS = (("h200", "h200x1"), ("h100", "h100x1"), ("v5p", "v5p-8"), ("v5 lite", "v5e-8"), ("v5e", "v5e-8"),
+          ("v6 lite", "v6e-8"), ("v6e", "v6e-8"))  # fmt: skip
+
+
+def local_target() -> Target:
+  """This host's devices as a target (the device check measures there): per-device memory as the
+  device reports it (else the published figure), bandwidth and peak FLOP/s from the `TARGETS`
+  entry of its kind; CPU devices get `cpu_target`'s nominal figures."""
+  devices = jax.local_devices()
+  if devices[0].platform == "cpu":
+    return cpu_target(len(devices), 16 * GiB)
+  kind = devices[0].device_kind.lower()
+  known = next((TARGETS[name] for key, name in _KINDS if key in kind), None)
+  stats = devices[0].memory_stats() or {}
+  hbm = stats.get("bytes_limit") or (known.hbm_bytes if known else 0)
+  return Target(
+    name=f"local {devices[0].device_kind} x{len(devices)}",
+    platform="local",
+    devices=len(devices),
+    hbm_bytes=int(hbm),
+    hbm_bandwidth=known.hbm_bandwidth if known else float("nan"),
+    peak_flops=known.peak_flops if known else float("nan"),
+    note=f"figures of {known.name}" if known else "no published figures for this device kind",
+  )
+
+
 def target_devices(target: Target) -> list:
   """The target's devices: abstract ones from a topology description (TPU, CUDA), else this host's."""
+  if target.platform == "local":
+    return jax.local_devices()[: target.devices]
   if target.platform == "cpu":
     devices = jax.devices("cpu")
     if len(devices) < target.devices:
@@ -201,6 +231,20 @@ def compile_program(
   = (FLOPs, bytes) per device from `forward_flops`' counts, used where the compile gives none;
   `describe(compiled)` adds to `detail`."""
   compiled = fn.lower(*args, **kwargs).compile()
+  return figures(name, compiled, target, model=model, resident=resident, detail=detail, describe=describe)
+
+
+def figures(
+  name: str,
+  compiled: Any,
+  target: Target,
+  *,
+  model: tuple[float, float],
+  resident: int = 0,
+  detail: str = "",
+  describe: Callable[[Any], str] | None = None,
+) -> ProgramPlan:
+  """The `ProgramPlan` of an already compiled program (`compile_program`'s figures)."""
   if describe is not None:
     detail = f"{detail}; {describe(compiled)}" if detail else describe(compiled)
   mem = compiled.memory_analysis()

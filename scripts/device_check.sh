@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device check (lm/device_check.py): parity in bf16, memory bandwidth, decode against its
-# roofline, the reduced Qwen3-4B step against the plan. Three ways to call it:
+# roofline, the reduced Qwen3-4B DPA-GRPO step (accumulate) compiled as the plan compiles it,
+# its predicted memory and time beside the measured. Three ways to call it:
 #   bash scripts/device_check.sh --cpu      # here and in CI: prepare, then check at toy sizes
 #   bash scripts/device_check.sh --prepare  # here, before a device session: writes device_check_inputs/
 #                                           # (parity checkpoint + reference, wheels of the pure

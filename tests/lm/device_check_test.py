@@ -1,6 +1,7 @@
 """The device check at toy sizes on the CPU (what `bash scripts/device_check.sh --cpu` runs)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -21,6 +22,11 @@ def test_device_check_runs_every_part_and_parity_holds(tmp_path):
   assert record["memory"]["bytes_per_s"] > 0
   decode = record["decode"]
   assert decode["decode_tokens_per_s"] > 0 and 0 < decode["fraction_of_roofline"]
+  step = record["step"]  # the plan's accumulate, compiled and run: prediction beside measurement
+  assert "error" not in step and "skipped" not in step, step
+  assert re.fullmatch(r"verifier, \d+ rows x 64 tokens, remat \w+", step["program"]), step["program"]
+  assert step["predicted_peak_bytes"] > 0 and step["predicted_seconds"] > 0
+  assert step["measured_seconds"] > 0 and len(step["measured_seconds_all"]) == 3
 
   # A reference that does not match (another model's logits) fails the check: it can fail.
   ref = np.load(inputs / "parity_reference.npz")
