@@ -62,7 +62,7 @@ import uvicorn
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from lm import generators, lora
+from lm import generators, lora, progress
 from lm.generators import Generation, GenerationParams, JaxGenerator, Prompt
 
 
@@ -1206,8 +1206,10 @@ def server_from_config(config: ml_collections.ConfigDict) -> OpenAIServer:
 def serve(config: ml_collections.ConfigDict) -> None:
   """Serves the model of configs/serve.py until interrupted (Ctrl-C: a clean stop, exit status 0)."""
   with server_from_config(config) as server:
+    # printed whatever the log level (the launchers are quiet by default): where to send requests
+    progress.say(f"serving {server.config.model_name!r} at {server.base_url}")
     try:
       server.serve_forever()
     except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has shut down
       pass
-  logging.info("server stopped")
+  progress.say("server stopped")

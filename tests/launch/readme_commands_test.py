@@ -69,15 +69,17 @@ def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):
     sys.executable, "-m", "launch.serve", "--config=configs/serve.py:tiny",
     f"--config.model.tokenizer={tokenizer}", "--config.server.port=0",
   ]  # fmt: skip
-  server = subprocess.Popen(command, cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True)
+  log = tmp_path / "server.log"  # a file, polled: a pipe read line by line blocks when nothing comes
+  with open(log, "w") as f:
+    server = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT)
   try:
     base_url, deadline = None, time.time() + 300
     while base_url is None and time.time() < deadline:
-      line = server.stderr.readline()
-      assert line or server.poll() is None, "the server exited before listening"
-      found = re.search(r"serving 'local' at (http://\S+/v1)", line)
+      assert server.poll() is None, f"the server exited before listening: {log.read_text()[-2000:]}"
+      found = re.search(r"serving 'local' at (http://\S+/v1)", log.read_text())
       base_url = found and found.group(1)
-    assert base_url, "the server never said where it listens"
+      time.sleep(0.2)
+    assert base_url, f"the server never said where it listens: {log.read_text()[-2000:]}"
     with urllib.request.urlopen(f"{base_url}/models", timeout=60) as response:
       assert json.loads(response.read())["data"][0]["id"] == "local"
     body = json.dumps({"model": "local", "prompt": "hello", "max_tokens": 4, "seed": 0}).encode()
