@@ -111,7 +111,7 @@ TREE_ARTIFACTS = {
 }
 
 
-class MissingArtifact(FileNotFoundError):
+class MissingArtifact(ValueError, FileNotFoundError):
   """A learned method's artefact (tree, playbook, prompt) is not there: the launchers print the
   message as one line, before any generation call, and say which build makes it."""
 
