@@ -522,6 +522,11 @@ def render(records: list[dict], *, date: str) -> str:
       if "error" in r:
         out.append(f"| {r['target']} | no | — | | | | | | | | {r['error'][:160]} |")
         continue
+      if not r["programs"]:  # the compiler refused every candidate: no setting of this mesh fits
+        last = (r.get("tried") or ["refused"])[-1][:200]
+        out.append(f"| {r['target']} | no | — | | | | | | | | every candidate refused; the last: {last} |")
+        flags_by_target.append(f"- {r['target']}: none fits with this mesh (tried: {'; '.join(r['tried'])})")
+        continue
       for p in r["programs"]:
         share, fit = p["peak"] / GiB / r["hbm_gib"], 1 - r["headroom"]
         counted = "model_flops" in p or p["flops_source"] == "model"
