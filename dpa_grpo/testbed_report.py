@@ -417,25 +417,11 @@ def write(
   if runs:
     summary["figures"] = _figures(runs, os.path.join(workdir, "figures"))
     md += ["", "![accuracy](figures/accuracy.png)", "![cases](figures/cases.png)"]
-  ode = testbed_theory.for_workdir(workdir, config, "dpa_k1", seeds)
+  ode_arm = "dpa_paper" if testbed_arms.is_v2(config) else "dpa_k1"
+  ode = testbed_theory.for_workdir(workdir, config, ode_arm, seeds)
   if ode is not None:
     summary["ode_out_of_sample"] = ode
-    rows = [
-      f"- seed {s}: ODE RMS error {r['ode_rmse']:.3f}, step-0 predictor {r['step0_rmse']:.3f}"
-      for s, r in ode["seeds"].items()
-    ]
-    md += [
-      "",
-      "The ODE out of sample (`dpa_grpo.testbed_theory`; DPA-GRPO, reference loss): game per line from "
-      "the step-0 gate rollout (the control line's verifier and generator pooled over correctness), "
-      f"generator clock over SAC'd units, κ = {ode['kappa']:.3g} fitted on seed 0 only (in-sample RMS "
-      f"{ode['fit_rmse']:.3f}); predicted case-rate trajectories of the training rollouts, RMS over the "
-      "8 rates and every window of steps:",
-      "",
-      *rows,
-      "",
-      "![ODE out of sample](figures/ode_out_of_sample.png)",
-    ]
+    md += ["", *ode_markdown(ode, testbed_arms.ALL_ARMS[ode_arm].label)]
   theory_dir = os.path.join(workdir, "theory")  # `python -m launch.theory --workdir=<workdir>/theory`
   if os.path.isdir(theory_dir):
     pngs = sorted(f for f in os.listdir(theory_dir) if f.endswith(".png"))
@@ -444,3 +430,45 @@ def write(
   rundir.atomic_write_text(os.path.join(workdir, "report.md"), "\n".join(md) + "\n")
   rundir.write_json(os.path.join(workdir, "report.json"), summary)
   return summary
+
+
+def ode_markdown(ode: dict[str, Any], label: str) -> list[str]:
+  """The ODE-out-of-sample section of report.md: per predicted seed the RMS error of each predictor
+  (`testbed_theory`'s module docstring), then the across-seed means and paired differences with
+  their Student-t 95% intervals."""
+  names = ("ode_rmse", "ode_drafts_rmse", "trend_rmse", "step0_rmse")
+  heads = ("ODE, drafts held", "ODE, drafts moving", "trend (8 slopes)", "step-0 rates")
+  md = [
+    f"The ODE out of sample (`dpa_grpo.testbed_theory`; {label}): game per line from the step-0 gate "
+    "rollout (the control line's verifier and generator pooled over correctness), generator clock over "
+    f"SAC'd units; fitted on seed {ode['fit_seed']} only: κ = {ode['kappa']:.3g} (drafts held, in-sample "
+    f"RMS {ode['fit_rmse']:.3f}), κ = {ode['kappa_drafts']:.3g} (drafts moving with the fit seed's "
+    f"P(x right), {ode['fit_rmse_drafts']:.3f}), the trend's slopes ({ode['fit_rmse_trend']:.3f}). "
+    "RMS error over the 8 case rates and every window of the predicted seeds' training rollouts:",
+    "",
+    "| seed | " + " | ".join(heads) + " |",
+    "|---|" + "---|" * len(heads),
+  ]
+  md += [f"| {s} | " + " | ".join(f"{r[n]:.4f}" for n in names) + " |" for s, r in ode["seeds"].items()]
+  rows = ode.get("across_seeds", {})
+
+  def cell(name: str) -> str:
+    row = rows.get(name)
+    if row is None:
+      return "—"
+    ci = row["interval"]
+    return f"{row['mean']:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+
+  if rows:
+    md.append("| mean [95% t] | " + " | ".join(cell(n) for n in names) + " |")
+    md += [
+      "",
+      "Paired differences across predicted seeds (negative: the ODE predicts better), mean [95% t]: "
+      + "; ".join(
+        f"{a.split('_rmse')[0]} − {b.split('_rmse')[0]} {cell(f'{a} - {b}')}"
+        for a in ("ode_rmse", "ode_drafts_rmse")
+        for b in ("trend_rmse", "step0_rmse")
+      )
+      + ".",
+    ]
+  return md + ["", "![ODE out of sample](figures/ode_out_of_sample.png)"]

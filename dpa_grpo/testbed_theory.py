@@ -15,7 +15,19 @@ training steps and fits its time scale on the same run it is drawn on: in sample
   time scale one κ (ODE time = κ · training step), fitted by least squares on seed 0's measured
              case rates only (training rollouts, windows of steps, the generator's sampled
              decisions), then held fixed to predict seeds 1 and 2.
-  baseline   the trivial predictor "the rates stay at step 0" (the case rates of the step-0 game).
+  drafts     the ODE models the verifier and the KEEP / REVISE decision; the proposal's own learning
+             is outside it. Held (`ode`): every line keeps its step-0 P(x right). Moving
+             (`ode_drafts`): the case mix uses the fit seed's measured P(x right) of each line and
+             window of steps (piecewise linear in the step; an exogenous input from the fit seed,
+             never the predicted seed's), while θ follows the step-0 game's path. A case probability
+             is linear in P(x right) given θ, so this is p·C(θ | x right) + (1 − p)·C(θ | x wrong).
+  baselines  "the rates stay at step 0" (`step0`: the case rates of the step-0 game), and a
+             one-parameter-per-rate trend (`trend`): each case rate moves linearly from its step-0
+             value with the slope least squares fits on the fit seed's windows (8 slopes against the
+             ODE's one κ), clipped to [0, 1].
+  intervals  per predicted seed an RMS error of each predictor (over the 8 rates and every window);
+             across predicted seeds the mean with its Student-t 95% interval, and the same for the
+             paired differences ODE − trend and ODE − step0 (`lm.stats.t_interval`).
 
 The predicted rates of a step are the mean over lines of each line's ODE case probabilities (every
 line has one unit per case, so lines weigh equally).
@@ -23,6 +35,7 @@ line has one unit per case, so lines weigh equally).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -60,10 +73,17 @@ def line_games(records: Sequence[dict[str, Any]], invalid_decision_action: str) 
   return games
 
 
-def predictor(games: dict[str, theory.Game], loss: config_lib.LossConfig, t_end: float):
-  """t -> predicted rates of the 8 cases (mean over lines), by interpolating each line's ODE path."""
-  curves = []
-  for g in games.values():
+def predictor(
+  games: dict[str, theory.Game],
+  loss: config_lib.LossConfig,
+  t_end: float,
+  draft_right: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+):
+  """(κ, steps [W]) -> predicted rates of the 8 cases [W, 8] (mean over lines), by interpolating
+  each line's ODE path at t = κ · step. `draft_right` {line: (steps [K], P(x right) [K])}: the case
+  mix follows it (the module docstring's "moving" drafts); None: each line's step-0 P(x right)."""
+  lines = []
+  for line, g in games.items():
     times, path = theory.ode_paths(
       theory.reference_logits(g)[None],
       g,
@@ -75,10 +95,53 @@ def predictor(games: dict[str, theory.Game], loss: config_lib.LossConfig, t_end:
       save_every=4,
       averaging="sac_units",
     )
-    curves.append(np.asarray(theory.case_probabilities(g, path[0])))  # [S, 8]
+    given = [
+      np.asarray(theory.case_probabilities(dataclasses.replace(g, p_x_right=p), path[0])) for p in (0.0, 1.0)
+    ]
+    lines.append((line, g.p_x_right, given))  # given: [x wrong, x right], each [S, 8]
   times = np.asarray(times)
-  mean = np.mean(curves, axis=0)
-  return lambda t: np.stack([np.interp(t, times, mean[:, c]) for c in range(len(game.CASES))], -1)
+
+  def predict(kappa: float, steps: np.ndarray) -> np.ndarray:
+    steps = np.asarray(steps, np.float64)
+    out = []
+    for line, p0, (wrong, right) in lines:
+      at = lambda curve: np.stack(
+        [np.interp(kappa * steps, times, curve[:, c]) for c in range(len(game.CASES))], -1
+      )
+      p = np.full_like(steps, p0) if draft_right is None else np.interp(steps, *draft_right[line])
+      out.append(p[:, None] * at(right) + (1 - p)[:, None] * at(wrong))
+    return np.mean(out, axis=0)
+
+  return predict
+
+
+def _windows(steps: np.ndarray, windows: int) -> list[np.ndarray]:
+  """Masks of `windows` equal spans of training steps, the empty ones left out."""
+  edges = np.linspace(steps.min(), steps.max() + 1, windows + 1)
+  masks = [(steps >= lo) & (steps < hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+  return [m for m in masks if m.any()]
+
+
+def draft_trajectory(records: Sequence[dict[str, Any]], windows: int = WINDOWS):
+  """{line: (window centre steps [W], P(x right) [W])} of training records (the fit seed's)."""
+  out = {}
+  for line in dict.fromkeys(r["line"] for r in records):
+    rows = [r for r in records if r["line"] == line]
+    steps = np.array([r["step"] for r in rows])
+    right = np.array([bool(r["x_right"]) for r in rows])
+    masks = _windows(steps, windows)
+    out[line] = (np.array([steps[m].mean() for m in masks]), np.array([right[m].mean() for m in masks]))
+  return out
+
+
+def trend_slopes(step0: np.ndarray, centre: np.ndarray, rates: np.ndarray) -> np.ndarray:
+  """Least-squares slope of each case rate from its step-0 value: argmin_b Σ_w (r0 + b·s_w − r_w)².  # [8]"""
+  return ((rates - step0[None]) * centre[:, None]).sum(0) / np.sum(centre**2)
+
+
+def trend(step0: np.ndarray, slopes: np.ndarray, steps: np.ndarray) -> np.ndarray:
+  """The trend baseline's rates at `steps`.  # [W, 8]"""
+  return np.clip(step0[None] + np.asarray(steps)[:, None] * slopes[None], 0.0, 1.0)
 
 
 def measured_rates(records: Sequence[dict[str, Any]], invalid_decision_action: str, windows: int = WINDOWS):
@@ -86,9 +149,7 @@ def measured_rates(records: Sequence[dict[str, Any]], invalid_decision_action: s
   played = report.sampled_cases(records, invalid_decision_action)
   steps = np.array([s for s, _ in played])
   cases = np.array([game.CASES.index(c) for _, c in played])
-  edges = np.linspace(steps.min(), steps.max() + 1, windows + 1)
-  masks = [(steps >= lo) & (steps < hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-  masks = [m for m in masks if m.any()]
+  masks = _windows(steps, windows)
   counts = np.array([np.bincount(cases[m], minlength=len(game.CASES)) for m in masks])
   ci = np.array([[stats.wilson_interval(int(k), int(c.sum())) for k in c] for c in counts])
   return np.array([steps[m].mean() for m in masks]), counts / counts.sum(1, keepdims=True), ci
@@ -101,21 +162,36 @@ def out_of_sample(
   figure_dir: str,
   fit_seed: int = 0,
 ) -> dict[str, Any]:
-  """Fits κ on `fit_seed`'s training records and predicts every other seed's; RMS errors of the ODE
-  and of the step-0 predictor over the 8 case rates and all windows of each predicted seed."""
+  """Fits κ (and the trend's slopes) on `fit_seed`'s training records and predicts every other
+  seed's; RMS errors of the ODE (drafts held and moving), the trend and the step-0 predictor over
+  the 8 case rates and all windows of each predicted seed, with their across-seed intervals."""
   fallback = config.rollout.invalid_decision_action
   games = line_games(gate_records, fallback)
   last = max(max(r["step"] for r in rs) for rs in train_records.values())
-  predict = predictor(games, config.loss, t_end=_KAPPAS[-1] * (last + 1))
-  step0 = predict(np.zeros(1))[0]
+  t_end = _KAPPAS[-1] * (last + 1)
+  predictors = {
+    "ode": predictor(games, config.loss, t_end),
+    "ode_drafts": predictor(games, config.loss, t_end, draft_trajectory(train_records[fit_seed])),
+  }
+  step0 = predictors["ode"](0.0, np.zeros(1))[0]
   measured = {s: measured_rates(rs, fallback) for s, rs in train_records.items()}
   centre, rates, _ = measured[fit_seed]
-  errors = [np.mean((predict(k * centre) - rates) ** 2) for k in _KAPPAS]
-  kappa = float(_KAPPAS[int(np.argmin(errors))])
+  rms = lambda pred, r: float(np.sqrt(np.mean((pred - r) ** 2)))
+  kappas, fits = {}, {}
+  for name, predict in predictors.items():
+    errors = [rms(predict(k, centre), rates) for k in _KAPPAS]
+    kappas[name] = float(_KAPPAS[int(np.argmin(errors))])
+    fits[name] = float(min(errors))
+  slopes = trend_slopes(step0, centre, rates)
+  fits["trend"] = rms(trend(step0, slopes, centre), rates)
   result: dict[str, Any] = {
-    "kappa": kappa,
+    "kappa": kappas["ode"],
+    "kappa_drafts": kappas["ode_drafts"],
     "fit_seed": fit_seed,
-    "fit_rmse": float(np.sqrt(min(errors))),
+    "fit_rmse": fits["ode"],
+    "fit_rmse_drafts": fits["ode_drafts"],
+    "fit_rmse_trend": fits["trend"],
+    "trend_slopes": dict(zip(game.CASES, slopes.tolist(), strict=True)),
     "games": {line: _game_dict(g) for line, g in games.items()},
     "seeds": {},
   }
@@ -123,11 +199,36 @@ def out_of_sample(
     if seed == fit_seed:
       continue
     result["seeds"][seed] = {
-      "ode_rmse": float(np.sqrt(np.mean((predict(kappa * c) - r) ** 2))),
-      "step0_rmse": float(np.sqrt(np.mean((step0[None] - r) ** 2))),
+      "ode_rmse": rms(predictors["ode"](kappas["ode"], c), r),
+      "ode_drafts_rmse": rms(predictors["ode_drafts"](kappas["ode_drafts"], c), r),
+      "trend_rmse": rms(trend(step0, slopes, c), r),
+      "step0_rmse": rms(step0[None], r),
     }
-  result["figure"] = _figure(measured, predict, kappa, step0, fit_seed, figure_dir)
+  result["across_seeds"] = across_seeds(result["seeds"])
+  best = lambda k: predictors["ode"](kappas["ode"], k)
+  result["figure"] = _figure(measured, best, kappas["ode"], step0, fit_seed, figure_dir)
   return result
+
+
+def across_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, dict[str, Any]]:
+  """Mean over the predicted seeds of each RMS error and of the paired differences ODE − trend and
+  ODE − step0 (negative: the ODE predicts better), each with its Student-t 95% interval (None
+  with fewer than two seeds)."""
+  if not per_seed:
+    return {}
+  rows = list(per_seed.values())
+  series = {name: [r[name] for r in rows] for name in rows[0]}
+  for ode in ("ode_rmse", "ode_drafts_rmse"):
+    for other in ("trend_rmse", "step0_rmse"):
+      series[f"{ode} - {other}"] = [r[ode] - r[other] for r in rows]
+  return {
+    name: {
+      "mean": float(np.mean(v)),
+      "interval": list(stats.t_interval(v)) if len(v) > 1 else None,
+      "n": len(v),
+    }
+    for name, v in series.items()
+  }
 
 
 def _game_dict(g: theory.Game) -> dict[str, Any]:
@@ -145,7 +246,7 @@ def _figure(measured, predict, kappa, step0, fit_seed, figure_dir) -> str:
   fig, axes = plt.subplots(2, 4, figsize=(14, 6), sharex=True)
   last = max(c.max() for c, _, _ in measured.values())
   grid = np.linspace(0, last, 200)
-  curve = predict(kappa * grid)
+  curve = predict(grid)
   for i, (name, ax) in enumerate(zip(game.CASES, axes.flat, strict=True)):
     for seed, (c, r, ci) in measured.items():
       style = "s" if seed == fit_seed else "o"

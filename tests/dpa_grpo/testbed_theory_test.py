@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import dpa_grpo as dpa_config
-from dpa_grpo import game, testbed_theory, theory
+from dpa_grpo import game, testbed_report, testbed_theory, theory
 from dpa_grpo.config import ExperimentConfig
 
 
@@ -63,3 +63,34 @@ def test_out_of_sample_fits_on_one_seed_and_scores_the_others(tmp_path):
   assert not out["games"]["12"]["observes_correctness"] and out["games"]["1a"]["observes_correctness"]
   assert all(0 <= r["ode_rmse"] < 1 and 0 <= r["step0_rmse"] < 1 for r in out["seeds"].values())
   assert (tmp_path / "ode_out_of_sample.png").stat().st_size > 1000
+  for r in out["seeds"].values():
+    assert 0 <= r["ode_drafts_rmse"] < 1 and 0 <= r["trend_rmse"] < 1
+  assert out["seeds"][3]["trend_rmse"] == pytest.approx(out["fit_rmse_trend"])
+  across = out["across_seeds"]
+  assert across["ode_rmse"]["n"] == 3
+  lo, hi = across["ode_rmse - trend_rmse"]["interval"]
+  assert lo <= across["ode_rmse - trend_rmse"]["mean"] <= hi
+  # The report's section renders every predictor and the paired differences.
+  md = "\n".join(testbed_report.ode_markdown(out, "DPA-GRPO"))
+  assert "trend (8 slopes)" in md and "ode − trend" in md and "| 3 |" in md
+
+
+def test_the_trend_baseline_recovers_a_linear_drift_and_moving_drafts_shift_the_case_mix():
+  step0 = np.full(len(game.CASES), 1 / len(game.CASES))
+  slopes = np.linspace(-0.004, 0.004, len(game.CASES))
+  centre = np.array([2.0, 5.0, 8.0, 11.0, 14.0])
+  rates = step0[None] + centre[:, None] * slopes[None]
+  np.testing.assert_allclose(testbed_theory.trend_slopes(step0, centre, rates), slopes, atol=1e-12)
+  np.testing.assert_allclose(testbed_theory.trend(step0, slopes, centre), rates, atol=1e-12)
+  # Drafts held vs moving: with P(x right) fixed at the game's own value both predictors agree; when
+  # the drafts improve, right-draft cases (1, 3) gain mass.
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
+  g = {"1a": theory.Game(p_x_right=0.5, verifier_ref=(0.6, 0.4))}
+  held = testbed_theory.predictor(g, config.loss, t_end=10.0)
+  same = testbed_theory.predictor(g, config.loss, 10.0, {"1a": (np.array([0.0, 20.0]), np.array([0.5, 0.5]))})
+  up = testbed_theory.predictor(g, config.loss, 10.0, {"1a": (np.array([0.0, 20.0]), np.array([0.5, 0.9]))})
+  steps = np.array([0.0, 10.0, 20.0])
+  np.testing.assert_allclose(held(0.3, steps), same(0.3, steps), atol=1e-6)
+  right = [game.CASES.index(c) for c in ("1", "3")]
+  assert up(0.3, steps)[-1, right].sum() > held(0.3, steps)[-1, right].sum() + 0.2
+  np.testing.assert_allclose(up(0.3, steps).sum(-1), 1.0, atol=1e-5)
