@@ -197,6 +197,26 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       control="none",  # none | identity | shared | level1
       seeds=(0, 1, 2),  # launch/kace_testbed.py: one table per seed, predictions judged on all
       workers=0,  # seeds run at once, one process each; 0: every seed on a 1-process CPU run, else 1
+      teacher="oracle",  # oracle | learned (kace.learned_teacher: "learned teacher (tiny model)")
+      learned_teacher=dict(  # kace.learned_teacher.LearnedTeacherConfig (testbed.teacher="learned")
+        seed=0,
+        examples=30_000,
+        min_pairs=2,
+        max_pairs=8,
+        hold_out=False,  # True: conventions of kace.testbed.TRAIN_H only (never the evaluated add 3 / 6 / 9)
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=192,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        rope_theta=1_000_000.0,
+        steps=1500,
+        batch_size=64,
+        learning_rate=3e-3,
+        warmup_steps=50,
+      ),
       solver=dict(
         seed=0,
         examples=40_000,  # build 13 (docs/kace.md): 20,000 / 2,000 steps left 5 of 90 cards unread

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kace import answers, learn, projection, synthetic, tiers
+from kace import learned_teacher as learned_teacher_lib
 from kace import testbed as testbed_lib
 from lm import generators
 
@@ -329,6 +330,10 @@ class TestbedSection:
       every seed at once on a single-process CPU run, one otherwise. Results do not depend on it, so
       a rerun may change it (`lm.rundir.SAFE_CONFIG_KEYS`).
     solver: `synthetic.TestbedSolverConfig`.
+    teacher: "oracle" (the default: `oracle_teacher` decides between the oracle and `roles.teacher`) or
+      "learned": `kace.learned_teacher`, a tiny trained model ("learned teacher (tiny model)") that
+      proposes cards from the shown failures and never reads a convention; `oracle_noise` must be 0.
+    learned_teacher: `learned_teacher.LearnedTeacherConfig` (cached under `synthetic.cache_dir`).
   """
 
   build_solver: bool = False
@@ -342,6 +347,10 @@ class TestbedSection:
   seeds: tuple[int, ...] = (0, 1, 2)
   workers: int = 0
   solver: synthetic.TestbedSolverConfig = dataclasses.field(default_factory=synthetic.TestbedSolverConfig)
+  teacher: str = "oracle"
+  learned_teacher: learned_teacher_lib.LearnedTeacherConfig = dataclasses.field(
+    default_factory=learned_teacher_lib.LearnedTeacherConfig
+  )
 
   def __post_init__(self):
     self.testbed()  # TestbedConfig checks its own fields
@@ -351,6 +360,10 @@ class TestbedSection:
       raise ValueError(f"testbed.seeds must be distinct and at least one, got {self.seeds}")
     if self.workers < 0:
       raise ValueError(f"testbed.workers must be >= 0 (0: automatic), got {self.workers}")
+    if self.teacher not in ("oracle", "learned") or (self.teacher == "learned" and self.oracle_noise):
+      raise ValueError(
+        f"testbed.teacher must be 'oracle' or 'learned' (with oracle_noise 0), got {self.teacher!r}"
+      )
 
   def testbed(self) -> testbed_lib.TestbedConfig:
     """The testbed, in the surface form its solver is trained on."""

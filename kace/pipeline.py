@@ -26,6 +26,7 @@ from kace import (
   embed,
   evaluate,
   learn,
+  learned_teacher,
   methods,
   oracle,
   predictions,
@@ -73,6 +74,10 @@ def learner(
   teacher = None
   if bed.oracle_teacher:
     teacher = oracle.OracleTeacher(bed.oracle_noise, config.seed, form=bed.solver.form)
+  if bed.teacher == "learned":  # a tiny trained model, labelled learned_teacher.LABEL; trained once, cached
+    teacher = learned_teacher.LearnedTeacher.build(
+      config.synthetic.cache_dir, bed.learned_teacher, bed.solver.form
+    )
   return learn.Learner(
     solver=methods.role(roles.get("solver")),
     teacher=teacher or methods.role(roles.get("teacher")),
@@ -411,6 +416,10 @@ def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, re
       for seed, res in results.items()
     )
   )
+  if config.testbed.teacher == "learned":
+    text = text.replace(
+      f"teacher and curator: {oracle.LABEL}", f"teacher: {learned_teacher.LABEL}; curator: {oracle.LABEL}"
+    )
   panels = {
     f"seed {seed}" + (f", {b}" if len(res) > 1 else ""): m
     for seed, res in results.items()
