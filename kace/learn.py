@@ -35,6 +35,7 @@ paper leaves open: docs/kace.md ("Learning").
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -103,6 +104,9 @@ class ReplyError(ValueError):
   """A model reply that does not match the schema its prompt asked for."""
 
 
+ACCEPT_RULES = ("min_gain", "strict")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LearnConfig:
   """ADD / REFINE options (config section `learn`; defaults and reasons in docs/kace.md).
@@ -113,8 +117,16 @@ class LearnConfig:
     accept_fraction: share of the training problems held out as the acceptance split (seeded by
       the learner's seed); the teacher and curator never see them.
     max_sweeps: ADD passes over every cell; ADD stops earlier after a sweep that keeps no card.
-    min_gain: a card is kept when the acceptance problems reading its block gain at least this
-      many correct answers (0: accuracy does not drop); it also needs at least one such problem.
+    accept_rule: how ADD judges a card on the acceptance problems that read its block (it needs at
+      least one): "min_gain" (the default) keeps it when they gain at least `min_gain` correct
+      answers (0: accuracy does not drop, so a neutral card stays); "strict" (testbed v2) keeps it
+      only on a strictly positive gain beyond chance — the exact one-sided sign test on the readers
+      whose outcome it changed (wins: wrong -> right, losses: right -> wrong) rejects "no effect"
+      at `accept_alpha`, i.e. the lower Clopper-Pearson bound of P(win | changed) exceeds 1/2 —
+      and when its losses are at most `max_regression` of its readers (`accepts`).
+    min_gain: "min_gain" rule's bound (see `accept_rule`).
+    accept_alpha: "strict" rule's one-sided level (5 wins and no loss is the least it keeps at 0.05).
+    max_regression: "strict" rule's bound on readers turned from right to wrong, as a share.
     universal: whether each sweep ends with one teacher call for universal cards.
     failures_per_prompt: failed problems shown to the teacher per call.
     max_cards: cards a teacher reply may propose.
@@ -132,7 +144,10 @@ class LearnConfig:
   distill: str = "teacher"
   accept_fraction: float = 0.5
   max_sweeps: int = 3
+  accept_rule: str = "min_gain"
   min_gain: int = 0
+  accept_alpha: float = 0.05
+  max_regression: float = 0.1
   universal: bool = True
   failures_per_prompt: int = 4
   max_cards: int = 3
@@ -150,6 +165,12 @@ class LearnConfig:
       raise ValueError(f"learn.distill must be 'teacher' or 'reflection', got {self.distill!r}")
     if not 0 < self.accept_fraction < 1:
       raise ValueError(f"learn.accept_fraction must be in (0, 1), got {self.accept_fraction}")
+    if self.accept_rule not in ACCEPT_RULES:
+      raise ValueError(f"learn.accept_rule must be one of {ACCEPT_RULES}, got {self.accept_rule!r}")
+    if not 0 < self.accept_alpha < 1:
+      raise ValueError(f"learn.accept_alpha must be in (0, 1), got {self.accept_alpha}")
+    if not 0 <= self.max_regression <= 1:
+      raise ValueError(f"learn.max_regression must be in [0, 1], got {self.max_regression}")
     counts = ("max_sweeps", "failures_per_prompt", "max_cards", "attempt_tokens", "max_card_chars")
     for name in counts:
       if getattr(self, name) < 1:
@@ -557,17 +578,41 @@ class Trial:
   before: int  # of them, right under the current tree
   after: int  # right under the candidate
   solutions: list  # their solutions under the candidate
+  wins: int = 0  # of them, wrong under the current tree and right under the candidate
+  losses: int = 0  # right under the current tree and wrong under the candidate
 
 
 def trial(learner: Learner, state: State, candidate, locations: Sequence[Location]) -> Trial:
   """Re-solves the acceptance readers of `locations` with `candidate` (same seeds) and counts."""
   readers = state.readers(locations, state.accept)
   solved = learner.solve(readers, state.domains, candidate)
+  was = [state.solutions[p.id].correct for p in readers]
   return Trial(
     problems=[p.id for p in readers],
-    before=sum(state.solutions[p.id].correct for p in readers),
+    before=sum(was),
     after=sum(s.correct for s in solved),
     solutions=solved,
+    wins=sum(s.correct and not w for s, w in zip(solved, was, strict=True)),
+    losses=sum(w and not s.correct for s, w in zip(solved, was, strict=True)),
+  )
+
+
+def sign_test(wins: int, losses: int) -> float:
+  """One-sided exact p-value of `wins` or more among `wins + losses` changed outcomes when a change
+  is as likely a win as a loss (McNemar's exact test; 1.0 when nothing changed)."""
+  n = wins + losses
+  return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
+
+
+def accepts(config: LearnConfig, tried: Trial) -> bool:
+  """Whether ADD keeps a card with this trial (`LearnConfig.accept_rule`)."""
+  if not tried.problems:
+    return False
+  if config.accept_rule == "min_gain":
+    return tried.after - tried.before >= config.min_gain
+  return (
+    tried.losses <= config.max_regression * len(tried.problems)
+    and sign_test(tried.wins, tried.losses) < config.accept_alpha
   )
 
 
@@ -643,10 +688,10 @@ def add_cell(
       results.append({**entry, "accepted": False, "error": str(e)})
       continue
     tried = trial(learner, state, candidate, [location])
-    accepted = bool(tried.problems) and tried.after - tried.before >= cfg.min_gain
+    accepted = accepts(cfg, tried)
     results.append(
       {**entry, "id": card.id, "readers": len(tried.problems), "before": tried.before, "after": tried.after,
-       "accepted": accepted}
+       "wins": tried.wins, "losses": tried.losses, "accepted": accepted}
     )  # fmt: skip
     if accepted:
       commit_change(learner, state, candidate, [location], tried)

@@ -10,7 +10,9 @@ are honest stand-ins, not cheats:
   question, and for each kind among the shown failures fits the member of the declared hypothesis
   set H that agrees with the most of them, abstaining when fewer than two agree. It is never told
   which rule belongs to which block. With `noise` > 0 it replaces a fitted rule by a wrong member of
-  H at that rate, so ADD and REFINE have bad cards to reject or remove.
+  H at that rate, so ADD and REFINE have bad cards to reject or remove; given `plausible` (testbed
+  v2: the rules each kind word has in other blocks) the wrong rule is drawn from those instead, a
+  card that is right somewhere else.
 - `OracleCurator` reads only the curator prompt (`kace.learn.CURATOR_TEMPLATE`): it deletes every card
   whose measured credit is negative and, of two cards stating a convention for the same kind in the
   same block, the one with the lower credit.
@@ -24,7 +26,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kace import testbed
 from lm import generators, sampler
@@ -72,16 +74,26 @@ class OracleTeacher:
     seed: the noise draws (derived per prompt, so a reply depends only on the prompt and the seed).
     min_agree: fewer agreeing failures than this and the oracle abstains for that kind.
     form: the surface form of the cards it writes (`testbed.FORMS`; the testbed's).
+    plausible: {kind word: rules}: a noisy card's wrong rule is drawn from its kind's rules other
+      than the fitted one (`testbed.TestbedConfig.rules_of_kinds`), else from H.
     calls: prompts answered so far (the learner counts teacher calls itself; this is for tests).
   """
 
   label = LABEL
 
-  def __init__(self, noise: float = 0.0, seed: int = 0, min_agree: int = 2, form: str = "short"):
+  def __init__(
+    self,
+    noise: float = 0.0,
+    seed: int = 0,
+    min_agree: int = 2,
+    form: str = "short",
+    plausible: Mapping[str, Sequence[testbed.Convention]] | None = None,
+  ):
     if not 0 <= noise <= 1:
       raise ValueError(f"oracle noise must be in [0, 1], got {noise}")
     self.noise, self.seed, self.min_agree, self.calls = noise, seed, min_agree, 0
     self.form = testbed.check_form(form)
+    self.plausible = dict(plausible or {})
 
   def reply(self, prompt: str) -> str:
     by_kind: dict[str, list[tuple[int, int]]] = {}
@@ -95,7 +107,10 @@ class OracleTeacher:
       if agree < self.min_agree:
         continue
       if rng.random() < self.noise:
-        rule = rng.choice([h for h in testbed.H if h != rule])
+        fitted = rule
+        rule = rng.choice(
+          [h for h in self.plausible.get(kind, ()) if h != fitted] or [h for h in testbed.H if h != fitted]
+        )
       text = testbed.card_text(kind, rule, self.form)
       if text not in held:
         out.append({"type": testbed.CARD_TYPE, "text": text})

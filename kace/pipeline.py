@@ -30,6 +30,8 @@ from kace import (
   methods,
   oracle,
   predictions,
+  scripted,
+  solve,
   synthetic,
 )
 from kace import config as config_lib
@@ -73,7 +75,9 @@ def learner(
   roles, bed = config.roles, config.testbed
   teacher = None
   if bed.oracle_teacher:
-    teacher = oracle.OracleTeacher(bed.oracle_noise, config.seed, form=bed.solver.form)
+    teacher = oracle.OracleTeacher(
+      bed.oracle_noise, config.seed, form=bed.solver.form, plausible=bed.testbed().rules_of_kinds()
+    )
   if bed.teacher == "learned":  # a tiny trained model, labelled learned_teacher.LABEL; trained once, cached
     teacher = learned_teacher.LearnedTeacher.build(
       config.synthetic.cache_dir, bed.learned_teacher, bed.solver.form
@@ -172,7 +176,59 @@ def build(
             learner(config, grader, embedder), problems[:cut], problems[cut:] or problems[:cut], target,
             max_metric_calls=config.gepa.max_metric_calls,
           )  # fmt: skip
+    if "kace" in out:
+      choose_k(config, workdir, problems, domains, grader)
   return out
+
+
+# The methods whose cards a problem (k) can be chosen on validation, and their config sections.
+K_SECTIONS = {"embedding_retrieval": "retrieval", "llm_router": "router"}
+
+
+def choose_k(config: config_lib.KaceConfig, workdir: str, problems, domains, grader) -> dict[str, int]:
+  """For each method of `K_SECTIONS` in `config.methods` whose section has `k_candidates`: the k
+  that solves the most of the validation split — the acceptance part of the training problems
+  (`learn.split`, as the kace tree's build splits them; never a test problem) — reading the kace
+  tree of `workdir`; ties go to the smallest k. Each choice, with every candidate's accuracy, is
+  written to `workdir/<method>_k.json` once and read back on a resume. Returns {method: k}."""
+  chosen = {}
+  for name, section in K_SECTIONS.items():
+    candidates = getattr(config, section).k_candidates
+    if name not in config.methods or not candidates:
+      continue
+    path = os.path.join(workdir, f"{name}_k.json")
+    if not os.path.exists(path):
+      _, validation = learn.split(problems, config.learn, config.seed)
+      base = dataclasses.replace(config.method_options(), learn_dir=workdir, kace_tree="")
+      accuracy = {}
+      for k in candidates:
+        method = methods.build(name, dataclasses.replace(base, retrieval_k=k, router_k=k))
+        solved = solve.solve(
+          validation, domains, generator=methods.role(config.roles.solver), grader=grader,
+          schedule=method.schedule, params=config.sampling.params(), context=method.context,
+          template=method.template, seed=config.seed,
+        )  # fmt: skip
+        accuracy[str(k)] = sum(s.correct for s in solved) / len(solved)
+      best = min(candidates, key=lambda k: (-accuracy[str(k)], k))
+      record = {
+        "method": name,
+        "chosen": best,
+        "accuracy": accuracy,
+        "validation": [p.id for p in validation],
+      }
+      rundir.write_json(path, record)
+    chosen[name] = rundir.read_json(path)["chosen"]
+  return chosen
+
+
+def with_chosen_k(config: config_lib.KaceConfig, build_dir: str) -> config_lib.KaceConfig:
+  """`config` with each k `choose_k` recorded in `build_dir` (the others as configured)."""
+  for name, section in K_SECTIONS.items():
+    path = os.path.join(build_dir, f"{name}_k.json")
+    if getattr(config, section).k_candidates and os.path.exists(path):
+      k = rundir.read_json(path)["chosen"]
+      config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), k=k)})
+  return config
 
 
 def table(
@@ -196,6 +252,7 @@ def table(
       learn=dataclasses.replace(c.learn, dir=os.path.join(workdir, bench, "build")),
       kace=dataclasses.replace(c.kace, tree=built["kace"]) if "kace" in built else c.kace,
     )
+    c = with_chosen_k(c, os.path.join(workdir, bench, "build"))
     # Resolved before the run directory compares configs: evaluate.run records the resolved one
     # (the solver's cached path), so an unresolved config would never match it on a resume.
     c = evaluate.resolve(c)
@@ -247,6 +304,12 @@ def table_markdown(results: Mapping[str, Mapping[str, Mapping]], method_names: S
   return "\n".join(lines) + "\n"
 
 
+SOLVER_LABEL = {
+  "trained": "the trained tiny solver",
+  "scripted": f"{scripted.LABEL} (kace.scripted, no model)",
+}
+
+
 def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
   """Builds (or finds) the testbed solver and measures its gates (`synthetic.testbed_gates`) on the
   held-out problems of every seed of `config.testbed.seeds`; writes `workdir/gates.json` and returns
@@ -265,7 +328,7 @@ def testbed_gates(config: config_lib.KaceConfig, workdir: str) -> dict:
     "seeds": per_seed,
     "passed": passed,
     "all_passed": all(passed.values()),
-    "solver": config.roles.solver.checkpoint,
+    "solver": config.roles.solver.checkpoint or SOLVER_LABEL[config.testbed.solver_kind],
     "bounds": synthetic.GATES,
   }
   rundir.write_json(os.path.join(workdir, "gates.json"), gates)
@@ -404,7 +467,8 @@ def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, re
     f"| {k} | " + " | ".join(f"{gates['seeds'][s]['rates'][k]:.3f}" for s in seeds) + " |" for k in conditions
   )
   text = (
-    f"# The latent-convention testbed (control: {control}; teacher and curator: {oracle.LABEL})\n\n"
+    f"# The latent-convention testbed (variant: {config.testbed.variant}; control: {control}; solver: "
+    f"{SOLVER_LABEL[config.testbed.solver_kind]}; teacher and curator: {oracle.LABEL})\n\n"
     f"Seeds run: {', '.join(map(str, results))} of {', '.join(map(str, config.testbed.seeds))}.\n\n"
     f"## Gates (level 2: true card >= 0.8, no card <= 0.3, true card + distractors >= 0.7)\n\n"
     f"Measured on every seed's held-out problems; a gate passes when it passes in every seed.\n\n"

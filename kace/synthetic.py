@@ -533,13 +533,17 @@ def testbed_gates(
   on every run, and no two prompts share their random draws."""
   base = config.seed if params.seed is None else params.seed
   _, test = config.problems()
+  null, kinds = config.null_ids(), config.kinds()
   rules = config.conventions()
-  every = list(testbed.true_cards(rules, levels=testbed.LEVELS, form=config.form).values())
+  every = testbed.true_cards(rules, levels=testbed.LEVELS, form=config.form, kinds=kinds)
   rng = random.Random(f"testbed-gates-{config.seed}")
   prompts, keys, per_prompt = [], [], []
-  for p in test:
-    true = testbed.card_text(testbed.KINDS[(p.domain, p.level)], rules[(p.domain, p.level)], config.form)
-    mixed = every[:]
+  for p in (p for p in test if p.id not in null):  # no card helps a null problem (variant "conflict")
+    cell = (p.domain, p.level)
+    true = testbed.card_text(kinds[cell], rules[cell], config.form)
+    # the distractors are every other kind word's card; a card of the same word from another block
+    # (variant "conflict") is the conflict the comparison measures, not a gate
+    mixed = [text for other, text in every.items() if other == cell or kinds[other] != kinds[cell]]
     rng.shuffle(mixed)
     for condition, notes in (("true_card", [true]), ("no_card", []), ("true_card_and_distractors", mixed)):
       prompts.append(solver_messages(p.question, convention_notes(notes)))

@@ -8,25 +8,39 @@ the gold answer. A convention can be inferred from (problem, gold) pairs: the ba
 one-step computation written in the question, so gold = h(base) singles out the members of H that
 agree. Level 1 has no convention (the identity), so those problems are solved without context.
 
-Every question names its *kind*, one word per (domain, level), and a card states the convention of
-one kind. Three surface forms (`FORMS`): "short" (question "total: 3 + 4", card "total: add 3"),
-"long" (question "total: What is 3 + 4?", card "total problems: add 3 to the result.") and "keyed"
-(the solver's default; question as "short", card "addthree=total"). In the keyed form each card is
-one token of the solver's vocabulary and its completion starts with two more, the key "=total" and
-the rule "addthree" (`single_tokens`): having written its question's key, the solver looks up the
-card token whose kind is that key's and writes its rule, one lookup in one attention layer.
-trained to use context (`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches
-its question and ignores the others, so a card in the wrong block is a distractor, not a poison;
-with no card it guesses a convention, so samples disagree and problems climb the tiers.
+Every question names its *kind* word and a card states the convention of one kind word. Three surface
+forms (`FORMS`): "short" (question "total: 3 + 4", card "total: add 3"), "long" (question "total:
+What is 3 + 4?", card "total problems: add 3 to the result.") and "keyed" (the default; question as
+"short", card "addthree=total"). In the keyed form each card is one token of the solver's vocabulary
+and its completion starts with two more, the key "=total" and the rule "addthree" (`single_tokens`):
+having written its question's key, the solver looks up the card token whose kind is that key's and
+writes its rule, one lookup in one attention layer. The trained solver
+(`kace.synthetic.ensure_testbed_solver`) applies the card whose kind matches its question and ignores
+the others; with no card it guesses a convention (level-1 kinds: the identity), so samples disagree
+and problems climb the tiers. `kace.scripted` is a program that does exactly this (the "scripted"
+solver), for telling which results a mechanism produces and which the construction does.
+
+Variants (`TestbedConfig.variant`):
+- "v1" (the default, the registered comparison): one kind word per (domain, level) (`KINDS`), so a
+  card names its block and a card in the wrong block is a distractor, not a poison.
+- "conflict" (testbed v2): at each level >= 2 the three domains share one kind word
+  (`CONFLICT_KINDS`) and hold different rules for it, so only the domain axis says which card is
+  right and a pooled playbook holds conflicting cards; a share `null_fraction` of the level >= 2
+  problems follow a rule of their own that no card states (null problems); and the oracle teacher's
+  noise writes another block's rule for the same kind word (`rules_of_kinds`), a plausible wrong card.
+  Conflicts are made across domains only: the tier a card is read at is a problem's empirical exit
+  tier (where its samples first agree), not a property of the problem, so no hidden rule can differ by
+  tier in a way a problem's text could carry.
 
 Evaluated blocks draw their conventions from `TEST_H`. A solver trained on `TRAIN_H` only would have
 to read constants it never saw (held-out constants); the tiny solver cannot, so by default it is
 trained on all of H with each kind's rule drawn at random per example: no kind has a rule it could
 know without a card, but it has seen the evaluated rules' wording (docs/kace.md).
 
-Controls (`TestbedConfig.control`): "identity" (every convention is the identity: cards cannot help,
-so `kace` must equal `tiered`), "shared" (a domain's level-3 kind has its level-2 convention) and
-"level1" (level-1 kinds have a convention too: those problems mostly exit at ES, which reads no card,
+Controls (`TestbedConfig.control`): "identity" (every convention is the identity; registered to show
+`kace` > `tiered` all the same, since the solver guesses without a card and an "as is" card is
+knowledge it lacks), "shared" (a domain's level-3 kind has its level-2 convention) and "level1"
+(v1 only: level-1 kinds have a convention too; those problems mostly exit at ES, which reads no card,
 exposing that ES exits are never learned from). See docs/kace.md ("The latent-convention testbed").
 """
 
@@ -56,6 +70,15 @@ KINDS: dict[tuple[str, int], str] = {
   ("combinatorics", 3): "ways",
 }
 KIND_OF_WORD = {word: cell for cell, word in KINDS.items()}
+# Testbed v2 ("conflict"): one kind word per level, the same in every domain, each domain with its own
+# rule for it, so a card's kind word does not say which block it is right in (docs/kace.md,
+# "Testbed v2"). The words are v1's algebra words, so every card stays one of the solver's tokens.
+CONFLICT_KINDS: dict[tuple[str, int], str] = {
+  (domain, level): KINDS[(domain, 1)] if level == 1 else KINDS[("algebra", level)]
+  for domain in DOMAINS
+  for level in LEVELS
+}
+VARIANTS = ("v1", "conflict")
 
 CONTROLS = ("none", "identity", "shared", "level1")
 CARD_TYPE = "convention"
@@ -186,19 +209,24 @@ _KEYED_CARD_RE = re.compile(
 
 def parse_card(text: str) -> tuple[str, Convention] | None:
   """(kind, convention) of a card in any of `card_text`'s forms, else None."""
-  m = _CARD_RE.search(text) or _SHORT_CARD_RE.search(text)
-  if m:
-    kind, add, mul = m.group(1), m.group(3), m.group(4)
-  elif m := _KEYED_CARD_RE.search(text):
-    kind, add, mul = m.group(4), m.group(2), m.group(3)
-  else:
-    return None
+  found = cards_in(text)
+  return found[0] if found else None
+
+
+def cards_in(text: str) -> list[tuple[str, Convention]]:
+  """(kind, convention) of every card in `text`, in the order written; a text in the long or short
+  form is read in that form only (the keyed form's cards when it holds neither)."""
+  matches = [(m, 1, 3, 4) for m in _CARD_RE.finditer(text)] or [
+    (m, 1, 3, 4) for m in _SHORT_CARD_RE.finditer(text)
+  ]
+  matches = matches or [(m, 4, 2, 3) for m in _KEYED_CARD_RE.finditer(text)]
   number = lambda s: int(s) if s.isdigit() else _WORD_NUMBERS[s]
-  if add:
-    return kind, Convention("add", number(add))
-  if mul:
-    return kind, Convention("mul", number(mul))
-  return kind, IDENTITY
+  out = []
+  for m, k, a, x in matches:
+    add, mul = m.group(a), m.group(x)
+    rule = Convention("add", number(add)) if add else Convention("mul", number(mul)) if mul else IDENTITY
+    out.append((m.group(k), rule))
+  return out
 
 
 # ---- base problems ----------------------------------------------------------------------------------
@@ -258,34 +286,72 @@ class TestbedConfig:
   test_per_cell: int = 12
   control: str = "none"
   form: str = "keyed"
+  variant: str = "v1"
+  null_fraction: float = 0.25
 
   def __post_init__(self):
     check_form(self.form)
     if self.control not in CONTROLS:
       raise ValueError(f"testbed.control must be one of {CONTROLS}, got {self.control!r}")
+    if self.variant not in VARIANTS:
+      raise ValueError(f"testbed.variant must be one of {VARIANTS}, got {self.variant!r}")
+    if self.variant == "conflict" and self.control == "level1":
+      raise ValueError("testbed.control='level1' is not defined for testbed.variant='conflict'")
+    if not 0 <= self.null_fraction < 1:
+      raise ValueError(f"testbed.null_fraction must be in [0, 1), got {self.null_fraction}")
     if not 0 < self.test_per_cell < self.per_cell:
       raise ValueError(f"testbed needs 0 < test_per_cell < per_cell, got {self}")
 
   def conventions(self) -> dict[tuple[str, int], Convention]:
     """The hidden convention of every (domain, level), from `TEST_H` (held-out constants)."""
-    return conventions(self.seed, self.control)
+    return conventions(self.seed, self.control, self.variant)
+
+  def kinds(self) -> dict[tuple[str, int], str]:
+    """The kind word of every (domain, level): `KINDS` (v1) or `CONFLICT_KINDS`."""
+    return CONFLICT_KINDS if self.variant == "conflict" else KINDS
+
+  def rules_of_kinds(self) -> dict[str, tuple[Convention, ...]]:
+    """{kind word: the distinct rules its blocks hold} for a variant whose kind words are shared
+    (the oracle teacher's plausible wrong cards); {} for v1, whose noise draws from H."""
+    if self.variant != "conflict":
+      return {}
+    out: dict[str, set[Convention]] = {}
+    for cell, rule in self.conventions().items():
+      out.setdefault(self.kinds()[cell], set()).add(rule)
+    return {kind: tuple(sorted(rules)) for kind, rules in out.items()}
+
+  def null_ids(self) -> set[str]:
+    """Ids of the null problems (variant "conflict"): level >= 2 problems whose gold follows a rule of
+    their own, not their block's, so no card helps them more than a lucky guess."""
+    return {p.id for p, null in _draw(self) if null}
 
   def problems(self) -> tuple[list[data.Problem], list[data.Problem]]:
     """(train, test); no test question occurs in train."""
     return generate(self)
 
 
-def conventions(seed: int, control: str = "none") -> dict[tuple[str, int], Convention]:
+def conventions(seed: int, control: str = "none", variant: str = "v1") -> dict[tuple[str, int], Convention]:
   """Each (domain, level)'s convention: identity at level 1 (except control "level1"), and within a
-  domain different conventions at levels 2 and 3 (the same under control "shared")."""
-  rng = random.Random(f"testbed-conventions-{seed}")
-  out = {}
-  for domain in DOMAINS:
-    first, second = rng.sample(TEST_H, 2)
-    third = rng.choice([h for h in TEST_H if h not in (first, second)])
-    out[(domain, 1)] = third if control == "level1" else IDENTITY
-    out[(domain, 2)] = first
-    out[(domain, 3)] = first if control == "shared" else second
+  domain different conventions at levels 2 and 3 (the same under control "shared"). Variant
+  "conflict": at each level >= 2 the three domains share a kind word (`CONFLICT_KINDS`) and hold the
+  three rules of `TEST_H`, one each, so every kind word means three different rules."""
+  if variant == "conflict":
+    rng = random.Random(f"testbed-conflict-conventions-{seed}")
+    level2, shift = rng.sample(TEST_H, len(DOMAINS)), rng.choice((1, 2))
+    out = {}
+    for i, domain in enumerate(DOMAINS):
+      out[(domain, 1)] = IDENTITY
+      out[(domain, 2)] = level2[i]
+      out[(domain, 3)] = level2[i] if control == "shared" else level2[(i + shift) % len(DOMAINS)]
+  else:
+    rng = random.Random(f"testbed-conventions-{seed}")
+    out = {}
+    for domain in DOMAINS:
+      first, second = rng.sample(TEST_H, 2)
+      third = rng.choice([h for h in TEST_H if h not in (first, second)])
+      out[(domain, 1)] = third if control == "level1" else IDENTITY
+      out[(domain, 2)] = first
+      out[(domain, 3)] = first if control == "shared" else second
   if control == "identity":
     return {cell: IDENTITY for cell in out}
   return out
@@ -293,19 +359,33 @@ def conventions(seed: int, control: str = "none") -> dict[tuple[str, int], Conve
 
 def generate(config: TestbedConfig) -> tuple[list[data.Problem], list[data.Problem]]:
   """(train, test) problems of every (domain, level), deterministic by `config.seed`."""
-  rng = random.Random(f"testbed-problems-{config.seed}")
-  rules = config.conventions()
   train, test = [], []
-  for (domain, level), kind in KINDS.items():
-    seen: dict[str, int] = {}
+  for problem, _ in _draw(config):
+    (test if int(problem.id.rsplit("/", 1)[1]) < config.test_per_cell else train).append(problem)
+  return sorted(train, key=lambda p: p.id), sorted(test, key=lambda p: p.id)
+
+
+def _draw(config: TestbedConfig) -> list[tuple[data.Problem, bool]]:
+  """Every problem, numbered within its (domain, level) (the first `test_per_cell` are evaluated),
+  and whether it is a null problem (variant "conflict": a share `null_fraction` of the level >= 2
+  problems, each with a rule of H drawn for it alone, never its block's)."""
+  rng = random.Random(f"testbed-problems-{config.seed}")
+  rules, conflict = config.conventions(), config.variant == "conflict"
+  out = []
+  for (domain, level), kind in config.kinds().items():
+    seen: dict[str, tuple[int, bool]] = {}
+    block = rules[(domain, level)]
     for _ in range(50 * config.per_cell):
       if len(seen) == config.per_cell:
         break
       a, op, b = draw_base(domain, rng)
-      seen.setdefault(question(kind, a, op, b, config.form), rules[(domain, level)].apply(OPS[op](a, b)))
+      rule, null = block, False
+      if conflict and level > 1 and rng.random() < config.null_fraction:
+        rule, null = rng.choice([h for h in H if h != block]), True
+      seen.setdefault(question(kind, a, op, b, config.form), (rule.apply(OPS[op](a, b)), null))
     items = sorted(seen.items())
     rng.shuffle(items)
-    for n, (q, answer) in enumerate(items):
+    for n, (q, (answer, null)) in enumerate(items):
       problem = data.Problem(
         id=f"testbed/{domain}/L{level}/{n}",
         question=q,
@@ -315,16 +395,19 @@ def generate(config: TestbedConfig) -> tuple[list[data.Problem], list[data.Probl
         domain=domain,
         level=level,
       )
-      (test if n < config.test_per_cell else train).append(problem)
-  return sorted(train, key=lambda p: p.id), sorted(test, key=lambda p: p.id)
+      out.append((problem, null))
+  return out
 
 
 def true_cards(
-  rules: Mapping[tuple[str, int], Convention], levels: Sequence[int] = (2, 3), form: str = "short"
+  rules: Mapping[tuple[str, int], Convention],
+  levels: Sequence[int] = (2, 3),
+  form: str = "short",
+  kinds: Mapping[tuple[str, int], str] = KINDS,
 ) -> dict:
   """{(domain, level): card text} of the blocks' conventions (the gates' and the controls' cards)."""
   return {
-    cell: card_text(KINDS[cell], rule, form) for cell, rule in sorted(rules.items()) if cell[1] in levels
+    cell: card_text(kinds[cell], rule, form) for cell, rule in sorted(rules.items()) if cell[1] in levels
   }
 
 

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -438,7 +438,8 @@ class GeneratorConfig:
   """One LLM role (solver, teacher, ...), read by `make_generator`; built once from a config section.
 
   Attributes:
-    kind: "jax" (a local model) or "openai" (an OpenAI-compatible server).
+    kind: "jax" (a local model), "openai" (an OpenAI-compatible server) or "scripted" (a program
+      standing in for a model, `SCRIPTED[model]`; labelled as such wherever its numbers appear).
     checkpoint: jax: an HF checkpoint directory (`lm.load_hf`).
     preset: jax, without a checkpoint: a `ModelConfig` preset with random weights (smoke runs);
       its vocabulary is grown to cover the tokenizer's.
@@ -475,8 +476,8 @@ class GeneratorConfig:
   model_id: str = ""
 
   def __post_init__(self):
-    if self.kind not in ("jax", "openai"):
-      raise ValueError(f"generator config: kind must be 'jax' or 'openai', got {self.kind!r}")
+    if self.kind not in ("jax", "openai", "scripted"):
+      raise ValueError(f"generator config: kind must be 'jax', 'openai' or 'scripted', got {self.kind!r}")
     object.__setattr__(self, "sampler", dict(self.sampler))
     unknown = sorted(set(self.sampler) - {f.name for f in dataclasses.fields(SamplerConfig)})
     if unknown:
@@ -518,6 +519,11 @@ def default_config(**overrides: Any) -> ml_collections.ConfigDict:
   return c
 
 
+# Programmatic stand-ins for a model (kind "scripted"), by the `model` name that picks them; a package
+# registers its own when imported (kace.scripted: "testbed").
+SCRIPTED: dict[str, Callable[[], TextGenerator]] = {}
+
+
 def make_generator(config: GeneratorConfig | Mapping[str, Any]) -> TextGenerator:
   """The generator a role's config describes, cached when `cache_dir` is set.
 
@@ -525,6 +531,13 @@ def make_generator(config: GeneratorConfig | Mapping[str, Any]) -> TextGenerator
   that hold an untyped section.
   """
   config = GeneratorConfig.from_dict(config)
+  if config.kind == "scripted":
+    if config.model not in SCRIPTED:
+      raise ValueError(
+        f"generator config: kind='scripted' needs `model` among the registered stand-ins {sorted(SCRIPTED)}, "
+        f"got {config.model!r}"
+      )
+    return SCRIPTED[config.model]()
   if config.kind == "jax":
     generator = load_jax_generator(config)
     random_id = f"random:{config.preset}:seed={config.seed}"
