@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import multiprocessing
 import os
@@ -459,8 +460,21 @@ def _seed_table(
 def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, results: dict) -> None:
   benches = config.table.benchmarks
   evals = [os.path.join(workdir, f"seed{s}", bench, "eval") for s in results for bench in benches]
-  control = config.testbed.control
+  control, bed = config.testbed.control, config.testbed
   judged = predictions.MAIN if control == "none" else predictions.CONTROLS[control]
+  subsets, facts = {}, ""
+  if bed.variant == "conflict":
+    v2 = predictions.V2 if bed.oracle_noise == 0 else predictions.V2_NOISE
+    judged = v2 if control == "none" else predictions.V2_CONTROLS.get(control, ())
+    subsets["null"] = set()
+    for s, bench in ((s, b) for s in results for b in benches):
+      tb = dataclasses.replace(bed, seed=s).testbed()
+      subsets["null"] |= {(os.path.join(workdir, f"seed{s}", bench, "eval"), i) for i in tb.null_ids()}
+      built = predictions.v2_build_facts(
+        os.path.join(workdir, f"seed{s}", bench, "build"), tb.conventions(), tb.kinds()
+      )
+      facts += f"- seed {s}: `{json.dumps(built, sort_keys=True)}`\n"
+    facts = f"## Builds (cards right / misplaced / wrong, ADD, REFINE, k chosen on validation)\n\n{facts}\n"
   seeds = list(gates["seeds"])
   conditions = next(iter(gates["seeds"].values()))["rates"]
   rates = "\n".join(
@@ -474,7 +488,8 @@ def _testbed_report(config: config_lib.KaceConfig, workdir: str, gates: dict, re
     f"Measured on every seed's held-out problems; a gate passes when it passes in every seed.\n\n"
     f"| condition / level | {' | '.join(f'seed {s}' for s in seeds)} |\n"
     f"|---|{'---|' * len(seeds)}\n{rates}\n\n"
-    f"## Pre-registered predictions (docs/kace.md)\n\n{predictions.report(evals, judged)}\n"
+    f"## Pre-registered predictions (docs/kace.md)\n\n{predictions.report(evals, judged, subsets=subsets)}\n"
+    + facts
     + "".join(
       f"## Seed {seed}\n\n{table_markdown(res, config.table.methods).split(chr(10), 2)[2]}\n"
       for seed, res in results.items()

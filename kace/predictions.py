@@ -32,9 +32,11 @@ class Prediction:
   b: str
   levels: tuple[int, ...] | None = None
   min_gap: float = 0.0
+  subset: str = ""  # "": every problem; else a named set of problems (`report`'s `subsets`: "null")
 
   def __str__(self) -> str:
     where = "" if self.levels is None else f" (level {', '.join(map(str, self.levels))})"
+    where += f" ({self.subset} problems)" if self.subset else ""
     gap = f", gap >= {self.min_gap:.2f}" if self.min_gap else ""
     return f"{self.a} {self.relation} {self.b}{where}{gap}"
 
@@ -60,6 +62,22 @@ CONTROLS = {
 }
 
 
+# Testbed v2 (variant "conflict"; docs/kace.md, "Testbed v2: predictions"), judged per arm: the
+# paired-problem claims of the main arm (noise 0), its noise arms and its identity control. The
+# build-log claims (wrong cards kept, REFINE operations) are judged from `v2_build_facts`.
+V2 = (
+  Prediction(number="v2-1", a="kace", relation=">", b="tiered", min_gap=0.15),
+  Prediction(number="v2-2", a="kace", relation=">", b="no_domain"),
+  Prediction(number="v2-3", a="kace", relation=">", b="no_difficulty"),
+  Prediction(number="v2-4", a="kace", relation=">", b="ace_playbook"),
+  Prediction(number="v2-5", a="kace", relation=">", b="embedding_retrieval"),
+  Prediction(number="v2-6", a="kace", relation="≈", b="tiered", levels=(1,)),
+  Prediction(number="v2-7", a="kace", relation="≈", b="tiered", subset="null"),
+)
+V2_NOISE = (Prediction(number="v2-9", a="kace", relation=">", b="tiered"),)
+V2_CONTROLS = {"identity": (Prediction(number="v2-8", a="no_domain", relation="≈", b="kace"),)}
+
+
 def outcomes(eval_dirs: Sequence[str]) -> dict[str, dict[tuple[str, str], tuple[int, bool]]]:
   """{method: {(run, problem id): (level, correct)}} from every run's `records.jsonl`."""
   out: dict[str, dict] = {}
@@ -69,10 +87,18 @@ def outcomes(eval_dirs: Sequence[str]) -> dict[str, dict[tuple[str, str], tuple[
   return out
 
 
-def judge(prediction: Prediction, by_method: Mapping[str, Mapping], bootstrap: int = 2000) -> dict:
-  """The prediction's estimate (mean paired difference a − b), its interval and its verdict."""
+def judge(
+  prediction: Prediction,
+  by_method: Mapping[str, Mapping],
+  bootstrap: int = 2000,
+  subsets: Mapping | None = None,
+) -> dict:
+  """The prediction's estimate (mean paired difference a − b), its interval and its verdict;
+  `subsets` maps a prediction's `subset` name to the (run, problem id) keys it judges."""
   a, b = by_method.get(prediction.a, {}), by_method.get(prediction.b, {})
   keys = sorted(k for k in set(a) & set(b) if prediction.levels is None or a[k][0] in prediction.levels)
+  if prediction.subset:
+    keys = [k for k in keys if k in (subsets or {}).get(prediction.subset, ())]
   diffs = [float(a[k][1]) - float(b[k][1]) for k in keys]
   row = {"prediction": prediction.number, "claim": str(prediction), "problems": len(diffs)}
   if not diffs:
@@ -92,7 +118,12 @@ def judge(prediction: Prediction, by_method: Mapping[str, Mapping], bootstrap: i
   return {**row, "mean": mean, "ci": [low, high], "verdict": verdict}
 
 
-def report(eval_dirs: Sequence[str], predictions: Sequence[Prediction] = MAIN, bootstrap: int = 2000) -> str:
+def report(
+  eval_dirs: Sequence[str],
+  predictions: Sequence[Prediction] = MAIN,
+  bootstrap: int = 2000,
+  subsets: Mapping[str, set] | None = None,
+) -> str:
   """A Markdown table: every prediction judged on the pooled runs."""
   by_method = outcomes(eval_dirs)
   lines = [
@@ -103,8 +134,55 @@ def report(eval_dirs: Sequence[str], predictions: Sequence[Prediction] = MAIN, b
     "|---|---|---|---|---|---|",
   ]
   for p in predictions:
-    j = judge(p, by_method, bootstrap)
+    j = judge(p, by_method, bootstrap, subsets)
     est = "–" if j["mean"] is None else f"{j['mean']:+.3f}"
     ci = "–" if j["ci"] is None else f"[{j['ci'][0]:+.3f}, {j['ci'][1]:+.3f}]"
     lines.append(f"| {j['prediction']} | {j['claim']} | {j['problems']} | {est} | {ci} | {j['verdict']} |")
   return "\n".join(lines) + "\n"
+
+
+def card_verdicts(tree, rules: Mapping, kinds: Mapping) -> dict[str, int]:
+  """How many of `tree`'s cards are "right" (their rule is their kind word's rule in every domain
+  whose problems read them), "misplaced" (right in some of those domains, not all: a pooled or
+  universal card of a shared kind word), "wrong" (right in none) or "other" (not a testbed card)."""
+  from kace import cards, testbed  # here: this module is imported by kace.pipeline's callers too
+
+  counts = {"right": 0, "misplaced": 0, "wrong": 0, "other": 0}
+  for card in tree.cards:
+    parsed = testbed.parse_card(card.text)
+    if parsed is None:
+      counts["other"] += 1
+      continue
+    kind, rule = parsed
+    read_by = [d for d, _ in rules if card.universal or card.domain in (cards.ANY, d)]
+    cells = [(d, lv) for d, lv in rules if d in read_by and kinds[(d, lv)] == kind]
+    right = sum(rules[c] == rule for c in cells)
+    counts["wrong" if not right else "right" if right == len(cells) else "misplaced"] += 1
+  return counts
+
+
+def v2_build_facts(build_dir: str, rules: Mapping, kinds: Mapping) -> dict[str, dict]:
+  """Per tree artefact built in `build_dir` (kace, no_domain, no_difficulty): its cards by
+  `card_verdicts`, ADD's cards kept and rejected, and REFINE's operations applied, rolled back and
+  refused (the build log); plus the k each retrieval method chose on validation."""
+  from kace import cards, learn
+
+  out: dict[str, dict] = {}
+  for artifact in ("kace", "no_domain", "no_difficulty"):
+    tree_path = os.path.join(build_dir, artifact, learn.TREE)
+    if not os.path.exists(tree_path):
+      continue
+    log = rundir.read_jsonl(os.path.join(build_dir, artifact, learn.LOG))
+    adds = [c for r in log if r.get("phase") == "add" for c in r["cards"]]
+    refine = [r for r in log if r.get("phase") == "refine"]
+    out[artifact] = {
+      **card_verdicts(cards.EpistemicTree.load(tree_path), rules, kinds),
+      "add_kept": sum(c["accepted"] for c in adds),
+      "add_rejected": sum(not c["accepted"] for c in adds),
+      **{f"refine_{k}": sum(len(r[k]) for r in refine) for k in ("applied", "rolled_back", "refused")},
+    }
+  for name in ("embedding_retrieval", "llm_router"):
+    path = os.path.join(build_dir, f"{name}_k.json")
+    if os.path.exists(path):
+      out[f"{name}_k"] = rundir.read_json(path)
+  return out
