@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import configs.kace
-from kace import cards, learn, oracle, pipeline, scripted, testbed, tiers
+from kace import cards, learn, oracle, pipeline, predictions, scripted, testbed, tiers
 from kace import config as kace_config
 from lm import generators
 from tests.kace import learn_helpers
@@ -141,3 +141,18 @@ def test_retrieval_k_is_chosen_on_the_validation_split(grader, tmp_path):
   assert record["validation"] and not set(record["validation"]) & {p.id for p in test}
   assert set(record["validation"]) <= {p.id for p in train}
   assert pipeline.with_chosen_k(config, str(tmp_path)).retrieval.k == 9
+
+
+def test_card_verdicts_tell_right_misplaced_and_wrong_cards_of_a_shared_kind_word():
+  bed = testbed.TestbedConfig(seed=0, variant="conflict")
+  rules, kinds = bed.conventions(), bed.kinds()
+  algebra, other = rules[("algebra", 2)], rules[("number_theory", 2)]
+  tree = cards.EpistemicTree(domains=testbed.DOMAINS)
+  for text, tier, domain in (
+    (testbed.card_text("total", algebra, "keyed"), "MS", "algebra"),  # its domain's rule: right
+    (testbed.card_text("total", other, "keyed"), "MS", "algebra"),  # another domain's: wrong here
+    (testbed.card_text("total", other, "keyed"), None, None),  # universal: right in one domain of three
+    ("carry the tens digit", None, None),
+  ):
+    tree, _ = tree.add(text, "convention", tier, domain, cards.Provenance(), reason="test")
+  assert predictions.card_verdicts(tree, rules, kinds) == {"right": 1, "misplaced": 1, "wrong": 1, "other": 1}
