@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lm.model import Qwen
-from lm.shapes import round_up
+from lm.shapes import pow2_bucket, round_up
 
 Array = jax.Array
 
@@ -75,16 +75,27 @@ def token_logprobs(
   *,
   chunk: int = 8192,
   remat: bool = False,
+  positions: Array | None = None,
 ) -> Array:
   """Log-prob of every token given those before it: [B, T], position 0 gets 0.
 
   `tokens` is a left-padded batch of prompt + completion with its `attention_mask`; entries at
-  padding are 0. Pure and differentiable: call it inside `jax.grad` / `nnx.grad` for losses.
+  padding are 0. With `positions` ([B, K] int, distinct within a row, each >= 1) only those
+  positions are scored and every other entry is 0: the output projection, the largest product of
+  a small model's step, then runs over K positions a row instead of T. Pure and differentiable:
+  call it inside `jax.grad` / `nnx.grad` for losses.
   """
   hidden, _ = model.hidden_states(tokens, attention_mask=attention_mask, remat=remat)
-  logp = chunked_token_logprobs(hidden[:, :-1], model.output_weight_vd(), tokens[:, 1:], chunk)
-  logp = jnp.where(attention_mask[:, 1:] > 0, logp, 0.0)
-  return jnp.pad(logp, ((0, 0), (1, 0)))
+  if positions is None:
+    logp = chunked_token_logprobs(hidden[:, :-1], model.output_weight_vd(), tokens[:, 1:], chunk)
+    logp = jnp.where(attention_mask[:, 1:] > 0, logp, 0.0)
+    return jnp.pad(logp, ((0, 0), (1, 0)))
+  before = jnp.take_along_axis(hidden, (positions - 1)[..., None], axis=1)  # [B, K, D]
+  targets = jnp.take_along_axis(tokens, positions, axis=1)  # [B, K]
+  logp = chunked_token_logprobs(before, model.output_weight_vd(), targets, chunk)
+  logp = jnp.where(jnp.take_along_axis(attention_mask, positions, axis=1) > 0, logp, 0.0)
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  return jnp.zeros(tokens.shape, logp.dtype).at[rows, positions].set(logp)
 
 
 def pack_pairs(
@@ -97,7 +108,10 @@ def pack_pairs(
   """Left-pads prompt + completion pairs into one batch with masks for the completion tokens.
 
   Returns `tokens`, `attention_mask` and `completion_mask` ([B, T]; 1 on completion tokens), with T
-  rounded up to `length_multiple` so repeated calls reuse compiled shapes.
+  rounded up to `length_multiple` so repeated calls reuse compiled shapes, and
+  `completion_positions` ([B, K]): the last K positions of every row, K the longest completion
+  rounded up to a power of two (at least 16, at most T - 1), which hold every completion token:
+  `sequence_logprobs` scores only those.
   """
   if len(prompts) != len(completions):
     raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -113,7 +127,14 @@ def pack_pairs(
     tokens[i, start:] = list(p) + list(c)
     attention[i, start:] = 1
     completion[i, start + len(p) :] = 1
-  return {"tokens": tokens, "attention_mask": attention, "completion_mask": completion}
+  window = min(pow2_bucket(max(len(c) for c in completions), 16), width - 1)
+  positions = np.broadcast_to(np.arange(width - window, width, dtype=np.int32), (len(prompts), window))
+  return {
+    "tokens": tokens,
+    "attention_mask": attention,
+    "completion_mask": completion,
+    "completion_positions": np.ascontiguousarray(positions),
+  }
 
 
 def sequence_logprobs(
@@ -127,9 +148,17 @@ def sequence_logprobs(
   """Per-token [B, T] (zero outside completions) and per-sequence [B] completion log-probs.
 
   With `normalize`, the sequence value is the mean over completion tokens (the length-normalised
-  log-prob DPA-GRPO uses), else the sum.
+  log-prob DPA-GRPO uses), else the sum. Where the batch has `completion_positions` (`pack_pairs`
+  gives them), only those positions are scored; they must hold every completion token.
   """
-  per_token = token_logprobs(model, batch["tokens"], batch["attention_mask"], chunk=chunk, remat=remat)
+  per_token = token_logprobs(
+    model,
+    batch["tokens"],
+    batch["attention_mask"],
+    chunk=chunk,
+    remat=remat,
+    positions=batch.get("completion_positions"),
+  )
   per_token = per_token * batch["completion_mask"]
   total = jnp.sum(per_token, axis=1)
   if normalize:

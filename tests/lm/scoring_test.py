@@ -47,3 +47,26 @@ def test_sequence_logprobs_match_model_logits():
     model, {k: jnp.asarray(v) for k, v in batch.items()}, normalize=True, chunk=32
   )
   np.testing.assert_allclose(np.asarray(mean), np.asarray(total) / np.array([2, 4]), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_scoring_only_the_completion_window_changes_nothing_but_the_work():
+  """`pack_pairs`'s `completion_positions` (the last K positions) give the same per-token
+  log-probs and the same gradient as scoring every position."""
+  model = lm.Qwen(ModelConfig.tiny_qwen2(vocab_size=64), rngs=nnx.Rngs(0))
+  prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [9, 3]]
+  completions = [[10, 11], [12, 13, 14, 15, 16]]
+  batch = {k: jnp.asarray(v) for k, v in scoring.pack_pairs(prompts, completions, length_multiple=8).items()}
+  assert batch["completion_positions"].shape == (2, 16)  # K: 5 rounded up to 16, below T - 1 = 23
+  full = {k: v for k, v in batch.items() if k != "completion_positions"}
+  graphdef, params = nnx.split(model)
+
+  def mean_logp(p, b):
+    return jnp.sum(scoring.sequence_logprobs(nnx.merge(graphdef, p), b, normalize=True, chunk=24)[1])
+
+  np.testing.assert_allclose(
+    scoring.sequence_logprobs(model, batch)[0], scoring.sequence_logprobs(model, full)[0], atol=1e-6
+  )
+  windowed, everywhere = jax.grad(mean_logp)(params, batch), jax.grad(mean_logp)(params, full)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), windowed, everywhere)
+  assert float(jnp.abs(windowed["embed_vd"][...]).sum()) > 0
