@@ -170,6 +170,7 @@ def _build(path: str, config: LearnedTeacherConfig) -> None:
     log_every=max(1, config.steps // 10),
     added_tokens=added,
     rope_theta=config.rope_theta,
+    label=f"{LABEL} build",
   )
   rundir.write_json(
     os.path.join(path, "build.json"),

@@ -455,6 +455,7 @@ def _train(
   added_tokens=(),
   bucket_by_length: bool = False,
   rope_theta: float = 10_000.0,
+  label: str = "solver build",
 ) -> tuple[Qwen, list, int]:
   """Tokenizer on `corpus` (plus `added_tokens`), then a Qwen3-style model of `config`'s size trained
   by `lm.sft` on `examples` (after `config.curriculum_steps` steps on `first_phase`, when given);
@@ -504,10 +505,10 @@ def _train(
     steps = config.curriculum_steps
     first = dataclasses.replace(sft_config, steps=steps, log_every=max(1, steps // 10))
     model, history = sft.train_sft(
-      model, encode(first_phase), first, pad_id=tokenizer.pad_id, label="solver build (curriculum)"
+      model, encode(first_phase), first, pad_id=tokenizer.pad_id, label=f"{label} (curriculum)"
     )
     history = [{**h, "phase": "curriculum"} for h in history]
-  model, main = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id, label="solver build")
+  model, main = sft.train_sft(model, ids, sft_config, pad_id=tokenizer.pad_id, label=label)
   history += main
   hf.save_hf(model, path, dtype="float32")
   return model, history, len(ids)
