@@ -274,22 +274,27 @@ def _failed(problem) -> solve.Solution:
 
 
 def accuracy_prompts(
-  seeds: Sequence[int] = (0, 1, 2), shown: Sequence[int] = (2, 4, 8), draws: int = 10, control: str = "none"
+  seeds: Sequence[int] = (0, 1, 2),
+  shown: Sequence[int] = (2, 4, 8),
+  draws: int = 10,
+  control: str = "none",
+  variant: str = "v1",
 ) -> list[dict]:
   """Teacher prompts on held-out blocks: for each testbed seed, each level >= 2 block and each count
   in `shown`, `draws` prompts (`learn.teacher_prompt`, the ADD prompt) showing that many of the
-  block's held-out (test-split) problems, drawn without replacement; each with its true card's
-  (kind, convention), kept beside the prompt for scoring only."""
+  block's held-out (test-split) problems (null problems of variant "conflict" left out), drawn
+  without replacement; each with its true card's (kind, convention), kept beside the prompt for
+  scoring only."""
   config = learn.LearnConfig(attempt_tokens=64)
   out = []
   for seed in seeds:
-    bed = testbed.TestbedConfig(seed=seed, control=control)
-    rules, (_, test) = bed.conventions(), bed.problems()
+    bed = testbed.TestbedConfig(seed=seed, control=control, variant=variant)
+    rules, kinds, null, (_, test) = bed.conventions(), bed.kinds(), bed.null_ids(), bed.problems()
     rng = random.Random(f"learned-teacher-accuracy-{seed}")
     for (domain, level), rule in sorted(rules.items()):
       if level == 1:
         continue
-      block = [p for p in test if (p.domain, p.level) == (domain, level)]
+      block = [p for p in test if (p.domain, p.level) == (domain, level) and p.id not in null]
       for m in shown:
         for _ in range(draws):
           chosen = rng.sample(block, min(m, len(block)))
@@ -300,7 +305,7 @@ def accuracy_prompts(
             {p.id: p for p in chosen},
             config,
           )
-          out.append({"seed": seed, "kind": testbed.KINDS[(domain, level)], "rule": rule, "shown": m,
+          out.append({"seed": seed, "kind": kinds[(domain, level)], "rule": rule, "shown": m,
                       "prompt": prompt})  # fmt: skip
   return out
 

@@ -7,13 +7,14 @@ these tests check the plumbing, not the teacher's accuracy (docs/kace.md, "The l
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 import configs.kace
-from kace import cards, learned_teacher, pipeline, testbed
+from kace import cards, learned_teacher, oracle, pipeline, testbed
 from kace import config as kace_config
 from tests.kace import oracle_test
 
@@ -66,6 +67,22 @@ def test_training_examples_draw_a_rule_of_h_per_example_and_their_pairs_follow_i
   assert seen == set(testbed.H)
   held = learned_teacher.training_examples(dataclasses.replace(TINY, examples=400, hold_out=True))
   assert {learned_teacher.RULE_OF_WORD[w] for _, w in held} == set(testbed.TRAIN_H)
+
+
+@pytest.mark.parametrize("variant", ["v1", "conflict"])
+def test_accuracy_prompts_show_held_out_problems_of_one_block_and_carry_its_rule(variant):
+  items = learned_teacher.accuracy_prompts(seeds=(1,), shown=(2, 8), draws=1, variant=variant)
+  bed = testbed.TestbedConfig(seed=1, variant=variant)
+  test_questions = {p.question for p in bed.problems()[1] if p.id not in bed.null_ids()}
+  assert len(items) == 6 * 2 and {i["shown"] for i in items} == {2, 8}
+  for item in items:
+    shown = oracle.shown_failures(item["prompt"])
+    # as many as asked, or every held-out problem of a block with fewer (null problems left out)
+    assert 2 <= len(shown) <= item["shown"] and {kind for kind, _, _ in shown} == {item["kind"]}
+    assert all(item["rule"].apply(base) == gold for _, base, gold in shown)
+    assert all(q in test_questions for q in re.findall(r"### Problem \d+\n([^\n]*)", item["prompt"]))
+  # the oracle at noise 0 is right on every one (the prompts carry what the teacher needs)
+  assert learned_teacher.card_accuracy(oracle.OracleTeacher(form="keyed"), items)["all"]["accuracy"] == 1.0
 
 
 @pytest.mark.slow
