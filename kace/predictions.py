@@ -172,7 +172,7 @@ def v2_build_facts(build_dir: str, rules: Mapping, kinds: Mapping) -> dict[str, 
     tree_path = os.path.join(build_dir, artifact, learn.TREE)
     if not os.path.exists(tree_path):
       continue
-    log = rundir.read_jsonl(os.path.join(build_dir, artifact, learn.LOG))
+    log = list(rundir.read_jsonl(os.path.join(build_dir, artifact, learn.LOG)))
     adds = [c for r in log if r.get("phase") == "add" for c in r["cards"]]
     refine = [r for r in log if r.get("phase") == "refine"]
     out[artifact] = {

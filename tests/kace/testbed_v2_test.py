@@ -156,3 +156,21 @@ def test_card_verdicts_tell_right_misplaced_and_wrong_cards_of_a_shared_kind_wor
   ):
     tree, _ = tree.add(text, "convention", tier, domain, cards.Provenance(), reason="test")
   assert predictions.card_verdicts(tree, rules, kinds) == {"right": 1, "misplaced": 1, "wrong": 1, "other": 1}
+
+
+def test_v2_build_facts_count_refine_operations_and_cards(tmp_path):
+  bed = testbed.TestbedConfig(seed=0, variant="conflict")
+  rules, kinds = bed.conventions(), bed.kinds()
+  tree = cards.EpistemicTree(domains=testbed.DOMAINS)
+  text = testbed.card_text("total", rules[("algebra", 2)], "keyed")
+  tree, _ = tree.add(text, "convention", "MS", "algebra", cards.Provenance(), reason="test")
+  (tmp_path / "kace").mkdir()
+  tree.save(str(tmp_path / "kace" / learn.TREE))
+  log = [
+    {"phase": "add", "cards": [{"accepted": True}, {"accepted": False}]},
+    {"phase": "refine", "applied": [{}, {}], "rolled_back": [{}], "refused": []},
+  ]
+  pipeline.rundir.append_jsonl(str(tmp_path / "kace" / learn.LOG), log)
+  facts = predictions.v2_build_facts(str(tmp_path), rules, kinds)["kace"]
+  assert facts == {"right": 1, "misplaced": 0, "wrong": 0, "other": 0, "add_kept": 1, "add_rejected": 1,
+                   "refine_applied": 2, "refine_rolled_back": 1, "refine_refused": 0}  # fmt: skip
