@@ -10,6 +10,7 @@ taken within a trial (`ratios`) and reported as median [min–max] (`fmt`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -156,17 +157,90 @@ def measure_bandwidth(num_bytes: int = 1 << 29) -> float:
   return num_bytes / min(times)
 
 
+def measure_peak_flops(n: int = 2048) -> float:
+  """Compute peak in FLOP/s as the roofline's bound: a jitted float32 [n, n] × [n, n] product
+  (XLA:CPU's own dot, every core), best of 5."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jnp.ones((n, n), jnp.float32)
+  product = jax.jit(jnp.matmul)
+  product(a, a).block_until_ready()
+  times = []
+  for _ in range(5):
+    start_time = time.perf_counter()
+    product(a, a).block_until_ready()
+    times.append(time.perf_counter() - start_time)
+  return 2 * n**3 / min(times)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Dims:
+  """A Qwen3-shaped decoder's dimensions, for counting its FLOPs and bytes (the roofline)."""
+
+  layers: int
+  hidden: int
+  intermediate: int
+  heads: int
+  kv_heads: int
+  head_dim: int
+  vocab: int
+
+  @property
+  def layer_params(self) -> int:
+    """Weights of the layers' products (q, k, v, o, gate, up, down), all layers."""
+    attention = self.hidden * (2 * self.heads + 2 * self.kv_heads) * self.head_dim
+    return self.layers * (attention + 3 * self.hidden * self.intermediate)
+
+  def forward_flops(self, tokens: int, context: float, scored: int) -> float:
+    """A forward pass over `tokens` positions attending to `context` keys on average, the output
+    projection at `scored` of them: 2 FLOPs a weight a token, 4·N·H a key a layer for the scores
+    and the weighted sum, 2·D·V a scored position."""
+    attention = 4 * self.layers * self.heads * self.head_dim * context
+    return tokens * (2 * self.layer_params + attention) + scored * 2 * self.hidden * self.vocab
+
+  def decode_bytes(self, rows: int, context: float, itemsize: int = 4) -> float:
+    """Bytes one decode step must read: every weight once (the layers' and the [V, D] head) and
+    each row's keys and values over `context` slots."""
+    kv = rows * self.layers * 2 * self.kv_heads * self.head_dim * context
+    return itemsize * (self.layer_params + self.vocab * self.hidden + kv)
+
+
 def describe_machine(threads: int, quick: bool) -> dict:
-  """The machine as every run prints it first: CPUs, SIMD flags, read bandwidth, load average."""
+  """The machine as every run prints it first: CPUs, SIMD flags, read bandwidth, compute peak
+  (both measured here, the roofline's bounds), load average."""
   load = os.getloadavg()
   bandwidth = measure_bandwidth(1 << 26 if quick else 1 << 29)
+  peak = measure_peak_flops(1024 if quick else 2048)
   print(
     f"machine: {os.cpu_count()} CPUs, {cpu_description()}; measured read bandwidth "
-    f"{bandwidth / 1e9:.1f} GB/s; load average {' '.join(f'{x:.2f}' for x in load)} "
-    f"(1/5/15 min) at start; {threads} threads per side",
+    f"{bandwidth / 1e9:.1f} GB/s, float32 matmul peak {peak / 1e9:.0f} GFLOP/s; load average "
+    f"{' '.join(f'{x:.2f}' for x in load)} (1/5/15 min) at start; {threads} threads per side",
     flush=True,
   )
-  return {"bandwidth_gb_s": bandwidth / 1e9, "cpu": cpu_description(), "load_before": load}
+  return {
+    "bandwidth_gb_s": bandwidth / 1e9,
+    "peak_gflop_s": peak / 1e9,
+    "cpu": cpu_description(),
+    "load_before": load,
+    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    "commit": _commit(),
+  }
+
+
+def _commit() -> str:
+  """The repository's HEAD (with "+changes" when the code the benchmarks run, lm/, dpa_grpo/ and
+  benchmarks/, differs from it), or "unknown"."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  try:
+    git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "lm", "dpa_grpo", "benchmarks")
+  except OSError:
+    return "unknown"
+  if head.returncode:
+    return "unknown"
+  return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def end_load() -> tuple[float, float, float]:

@@ -15,12 +15,17 @@ and the same inputs. A side's trial is one step:
 - train: the DPA-GRPO loss (pair weights, k1, β 0.04) on P packed pairs, backward, AdamW.
   JAX: `dpa_grpo.step` as the trainer runs it (`--chunks` accumulation chunks, donated buffers, the
   sampler refreshed after the update); PyTorch: `benchmarks.train_step_bench.TorchStep`.
+  Both JAX and the `torch_window` side project onto the vocabulary only at the batch's completion
+  window (`lm.scoring.pack_pairs`' `completion_positions`: the loss reads no other position);
+  `torch` projects every position, as a plain PyTorch loss would.
 
 Agreement, checked before any trial is timed: greedy tokens over the first 16 steps, and the first
 train step's loss and gradient global norm (both sides start from the same weights) within
 LOSS_RTOL / NORM_RTOL. Reported per side, median [min–max] over the trials: rollout tokens/s, train
 tokens/s (non-pad tokens of the batch a second), the whole step's seconds; and JAX ÷ PyTorch of each,
-computed within every trial; load and warm-up (compilation) time.
+computed within every trial; load and warm-up (compilation) time. Roofline: each side's train step
+as counted FLOPs a second over a float32 matmul peak measured in this process, its rollout against
+the decode bound (weights and KV cache read once a step at the measured read bandwidth).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from benchmarks import harness
 from benchmarks.harness import fmt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SIDES = ("jax", "torch")
+SIDES = ("jax", "torch", "torch_window")
 AGREEMENT_STEPS = 16
 LOSS_RTOL = 1e-4  # |Δloss| ≤ LOSS_RTOL·max(1, |loss|): float32, different kernels and summation order
 NORM_RTOL = 1e-3  # relative difference of the gradient's global norm
@@ -76,6 +81,33 @@ class Setup:
   kv_heads: int = 2
   head_dim: int = 64
 
+  @property
+  def dims(self) -> harness.Dims:
+    return harness.Dims(
+      layers=self.layers,
+      hidden=self.hidden,
+      intermediate=3 * self.hidden,  # train_step_bench.small_qwen3's MLP
+      heads=self.heads,
+      kv_heads=self.kv_heads,
+      head_dim=self.head_dim,
+      vocab=self.vocab,
+    )
+
+  def train_flops(self, scored_per_row: int) -> float:
+    """A train step's counted FLOPs: the policy's forward and backward (3 forwards) and the
+    reference's forward over 2P rows of `length` tokens (full masked attention: `length` keys a
+    query), the output projection at `scored_per_row` positions a row (rematerialisation not
+    counted)."""
+    rows = 2 * self.pairs
+    return 4 * self.dims.forward_flops(rows * self.length, self.length, rows * scored_per_row)
+
+  def rollout_bound(self, bandwidth_gb_s: float) -> float:
+    """Decode tokens/s if every step only read the weights and the KV cache at the measured
+    bandwidth (prompts of `length` - 16 tokens, `new_tokens` more; prefill not counted)."""
+    rows = self.pairs * self.samples
+    step = self.dims.decode_bytes(rows, self.length - 16 + self.new_tokens / 2)
+    return rows * bandwidth_gb_s * 1e9 / step
+
 
 QUICK = dict(
   pairs=2, length=32, vocab=512, chunks=2, samples=2, new_tokens=8, hidden=64, layers=2, head_dim=16
@@ -108,8 +140,8 @@ class SideResult:
 
 
 def write_inputs(setup: Setup, path: pathlib.Path) -> int:
-  """The checkpoint, `batch.npz` and `rollout.json` both sides read; returns the batch's non-pad
-  tokens (the train step's token count)."""
+  """The checkpoint, `batch.npz` and `rollout.json` every side reads; returns the batch's non-pad
+  tokens (the train step's token count) and its completion window (positions scored a row)."""
   import numpy as np
 
   from benchmarks import train_step_bench as tsb
@@ -139,12 +171,12 @@ def write_inputs(setup: Setup, path: pathlib.Path) -> int:
     chunks=setup.chunks,
   )
   (path / "rollout.json").write_text(json.dumps(settings))
-  return int(batch["attention_mask"].sum())
+  return int(batch["attention_mask"].sum()), batch["completion_positions"].shape[1]
 
 
-def agreement(results: dict[str, SideResult]) -> dict:
-  """Greedy tokens and the first step's loss and gradient norm, JAX against PyTorch."""
-  ours, theirs = results["jax"], results["torch"]
+def agreement(results: dict[str, SideResult], theirs: str = "torch") -> dict:
+  """Greedy tokens and the first step's loss and gradient norm, JAX against a PyTorch side."""
+  ours, theirs = results["jax"], results[theirs]
   same = [
     a == b
     for ra, rb in zip(ours.greedy_tokens, theirs.greedy_tokens, strict=True)
@@ -161,10 +193,11 @@ def agreement(results: dict[str, SideResult]) -> dict:
   }
 
 
-def run(setup: Setup, trials: int, threads: int, workdir: pathlib.Path) -> dict:
-  """Both sides, trials interleaved; the measurements, agreement and failures."""
+def run(setup: Setup, sides: list[str], trials: int, threads: int, workdir: pathlib.Path) -> dict:
+  """The sides, trials interleaved; the measurements, agreement (JAX against each PyTorch side)
+  and failures."""
   checkpoint = workdir / "checkpoint"
-  tokens = write_inputs(setup, checkpoint)
+  tokens, window = write_inputs(setup, checkpoint)
   env = {
     k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "PYTHONPATH", "XLA_FLAGS")
   }
@@ -183,7 +216,7 @@ def run(setup: Setup, trials: int, threads: int, workdir: pathlib.Path) -> dict:
     train = worker.call(cmd="train")
     return StepTrial(rollout_s=rollout["seconds"], train_s=train["seconds"], rollout_tokens=rollout["tokens"])
 
-  info, first, failures, timed = harness.run({s: maker(s) for s in SIDES}, warm_up, trials, measure)
+  info, first, failures, timed = harness.run({s: maker(s) for s in sides}, warm_up, trials, measure)
   expected = setup.pairs * setup.samples * setup.new_tokens
   results = {}
   for side, runs in timed.items():
@@ -207,11 +240,34 @@ def run(setup: Setup, trials: int, threads: int, workdir: pathlib.Path) -> dict:
       first_grad_norm=warm["train"]["grad_norm"],
       greedy_tokens=warm["greedy"]["tokens"],
     )
-  agree = agreement(results) if len(results) == len(SIDES) else None
-  return {"results": results, "agreement": agree, "failures": failures, "train_tokens": tokens}
+  agree = {s: agreement(results, s) for s in results if s != "jax" and "jax" in results}
+  scored = {s: window if s in ("jax", "torch_window") else setup.length - 1 for s in results}
+  return {
+    "results": results,
+    "agreement": agree,
+    "failures": failures,
+    "train_tokens": tokens,
+    "train_flops": {s: setup.train_flops(k) for s, k in scored.items()},
+  }
 
 
-def print_table(setup: Setup, measured: dict) -> None:
+def roofline(setup: Setup, measured: dict, machine: dict) -> dict:
+  """Each side's fraction of the bounds: its train step's counted FLOPs a second over the measured
+  float32 matmul peak; its rollout tokens/s over the decode bound at the measured bandwidth."""
+  bound = setup.rollout_bound(machine["bandwidth_gb_s"])
+  out = {}
+  for side, r in measured["results"].items():
+    flops = measured["train_flops"][side]
+    out[side] = {
+      "train_gflop": flops / 1e9,
+      "train_of_peak": [flops / t.train_s / (machine["peak_gflop_s"] * 1e9) for t in r.trials],
+      "rollout_bound_tok_s": bound,
+      "rollout_of_bound": [x / bound for x in r.rollout_tok_s],
+    }
+  return out
+
+
+def print_table(setup: Setup, measured: dict, fractions: dict) -> None:
   results, agree = measured["results"], measured["agreement"]
   n = len(next(iter(results.values())).trials) if results else 0
   print(
@@ -219,9 +275,10 @@ def print_table(setup: Setup, measured: dict) -> None:
     f"V {setup.vocab}; rollout {setup.pairs} prompts × {setup.samples} samples × {setup.new_tokens} "
     f"tokens; train {2 * setup.pairs} rows × {setup.length} ({measured['train_tokens']} tokens); "
     f"medians [min–max] over {n} interleaved trials; ratios JAX ÷ PyTorch within each trial "
-    f"(for step s, below 1 means JAX is faster)"
+    f"(for step s, below 1 means JAX is faster); torch_window: PyTorch with logits only at the "
+    f"completion window, as JAX scores"
   )
-  widths = (6, 20, 19, 20, 19, 19, 19, 7, 9, 10, 10, 5, 0)
+  widths = (12, 20, 19, 20, 19, 19, 19, 7, 9, 10, 10, 5, 0)
   cells = [
     f"{c:{w}}" if i in (0, len(COLUMNS) - 1) else f"{c:>{w}}"
     for i, (c, w) in enumerate(zip(COLUMNS, widths, strict=True))
@@ -235,19 +292,26 @@ def print_table(setup: Setup, measured: dict) -> None:
       ]
     else:
       cells = ["1", "1", "1"]
-    agree_cell = f"{agree['greedy']:.2f}" if agree else "—"
+    agree_cell = f"{agree[side]['greedy']:.2f}" if side in agree else "—"
     print(
-      f"{side:6} {fmt(r.rollout_tok_s):>20} {cells[0]:>19} {fmt(r.train_tok_s):>20} {cells[1]:>19} "
+      f"{side:12} {fmt(r.rollout_tok_s):>20} {cells[0]:>19} {fmt(r.train_tok_s):>20} {cells[1]:>19} "
       f"{fmt(r.step_s, 2):>19} {cells[2]:>19} {r.load_s:7.1f} {r.warmup_s:9.1f} {r.first_loss:10.5f} "
       f"{r.first_grad_norm:10.5f} {agree_cell:>5}  {r.version}, {r.threads} threads",
       flush=True,
     )
-  if agree:
+  for side, a in agree.items():
     print(
-      f"agreement: greedy {agree['greedy']:.2f} over {AGREEMENT_STEPS} steps (JAX emitted "
-      f"{agree['distinct_greedy_ids']} distinct ids); first step |Δloss| {agree['loss_abs_diff']:.2e}, "
-      f"grad-norm relative difference {agree['grad_norm_rel_diff']:.2e} (tolerances {LOSS_RTOL:g} "
-      f"relative to max(1, |loss|), {NORM_RTOL:g}): {'held' if agree['within_tolerance'] else 'FAILED'}"
+      f"agreement with {side}: greedy {a['greedy']:.2f} over {AGREEMENT_STEPS} steps (JAX emitted "
+      f"{a['distinct_greedy_ids']} distinct ids); first step |Δloss| {a['loss_abs_diff']:.2e}, "
+      f"grad-norm relative difference {a['grad_norm_rel_diff']:.2e} (tolerances {LOSS_RTOL:g} "
+      f"relative to max(1, |loss|), {NORM_RTOL:g}): {'held' if a['within_tolerance'] else 'FAILED'}"
+    )
+  for side, f in fractions.items():
+    print(
+      f"roofline, {side}: train {fmt([100 * x for x in f['train_of_peak']])}% of the measured matmul "
+      f"peak ({f['train_gflop']:.1f} GFLOP counted a step); rollout "
+      f"{fmt([100 * x for x in f['rollout_of_bound']])}% of the decode bandwidth bound "
+      f"({f['rollout_bound_tok_s']:.0f} tok/s, prefill not counted)"
     )
   for side, why in measured["failures"].items():
     print(f"{side}: FAILED — {why}")
@@ -264,6 +328,7 @@ def main():
   parser.add_argument("--samples", type=int, default=2, help="rollout samples per prompt")
   parser.add_argument("--new_tokens", type=int, default=64, help="rollout tokens per sample")
   parser.add_argument("--threads", type=int, default=0, help="threads per side (0: every core)")
+  parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {','.join(SIDES)}")
   parser.add_argument("--out", default="", help="also write every measurement to this JSON file")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -280,27 +345,34 @@ def main():
     )
   trials = args.trials or (3 if args.quick else 7)
   threads = args.threads or os.cpu_count()
-  record = {**harness.describe_machine(threads, args.quick), "setup": dataclasses.asdict(setup)}
+  sides = args.sides.split(",")
+  if "jax" not in sides or not set(sides) <= set(SIDES):
+    parser.error(f"--sides must name jax and only sides of {SIDES}, got {args.sides!r}")
+  machine = harness.describe_machine(threads, args.quick)
+  record = {**machine, "setup": dataclasses.asdict(setup), "threads": threads, "command": sys.argv}
   workdir = pathlib.Path(tempfile.mkdtemp(prefix="rl_bench_"))
-  measured = {"failures": {"harness": "did not finish"}}
+  measured, fractions = {"failures": {"harness": "did not finish"}}, {}
   try:
-    measured = run(setup, trials, threads, workdir)
-    print_table(setup, measured)
+    measured = run(setup, sides, trials, threads, workdir)
+    fractions = roofline(setup, measured, machine)
+    print_table(setup, measured, fractions)
   finally:
     if measured["failures"]:
       print(f"(worker logs kept in {workdir})")
     else:
       shutil.rmtree(workdir, ignore_errors=True)
   record.update(
-    results={s: dataclasses.asdict(r) for s, r in measured["results"].items()},
-    agreement=measured["agreement"],
+    results={s: dataclasses.asdict(r) for s, r in measured.get("results", {}).items()},
+    agreement=measured.get("agreement"),
     failures=measured["failures"],
-    train_tokens=measured["train_tokens"],
+    train_tokens=measured.get("train_tokens"),
+    roofline=fractions,
     load_after=harness.end_load(),
   )
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(record, indent=2))
-  if measured["failures"] or not (measured["agreement"] or {}).get("within_tolerance"):
+  agree = measured.get("agreement") or {}
+  if measured["failures"] or not agree or not all(a["within_tolerance"] for a in agree.values()):
     sys.exit(1)
 
 

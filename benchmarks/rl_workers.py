@@ -1,6 +1,6 @@
 """The two sides of `benchmarks.rl_bench`, each a worker process of `benchmarks.engines.serve`.
 
-  python -m benchmarks.rl_workers jax|torch DIR
+  python -m benchmarks.rl_workers jax|torch|torch_window DIR
 
 DIR holds a transformers `save_pretrained` float32 Qwen3 checkpoint, `batch.npz` (the packed pairs
 of `train_step_bench.make_batch`) and `rollout.json` (prompts, samples per prompt, new tokens,
@@ -16,6 +16,7 @@ Commands, besides "load" and "quit":
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -78,9 +79,10 @@ class JaxSide:
 
 class TorchSide:
   """PyTorch: transformers `generate` (sampling, the same temperature and top-p, `n` return
-  sequences a prompt) for the rollout, `train_step_bench.TorchStep` for the update."""
+  sequences a prompt) for the rollout, `train_step_bench.TorchStep` for the update (`window`: its
+  logits only at the batch's completion window, as the JAX side scores)."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, window: bool = False):
     import torch
     import transformers
 
@@ -91,7 +93,7 @@ class TorchSide:
     self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
     self.settings, batch = _settings(path)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    self.trainer = TorchStep(model, batch)
+    self.trainer = TorchStep(model, batch, window=window)
     self.model = model
     self.ids = torch.tensor(self.settings["prompts"])  # equal lengths: no padding
     self.calls = 0
@@ -131,7 +133,7 @@ class TorchSide:
     return {"loss": loss, "grad_norm": norm}
 
 
-SIDES = {"jax": JaxSide, "torch": TorchSide}
+SIDES = {"jax": JaxSide, "torch": TorchSide, "torch_window": functools.partial(TorchSide, window=True)}
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@ Reported per engine, as median [min–max] over the trials: decode tok/s = B·(n
 ratios ours ÷ engine computed within each trial (so a slow moment of the machine cancels); load
 time (checkpoint to ready) and warm-up (first calls minus the median steady calls: compilation
 for the JIT engines); greedy agreement with ours over the first 16 new tokens. Also printed: the
-CPU, its SIMD flags, the measured read bandwidth and the load average before and after.
+CPU, its SIMD flags, the measured read bandwidth and float32 matmul peak, the load average before
+and after, and each engine's roofline fractions: decode tok/s over the bound at the measured
+bandwidth (each step reads the float32 weights and the rows' KV cache once), t1 as the prefill's
+counted FLOPs a second over the measured peak.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import pathlib
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 
 from absl import app, flags
@@ -92,6 +96,24 @@ class Shape:
   new_tokens: int
   # transformers at (b) takes ~2 minutes a trial (~0.9 s a step), so it runs at (a) only.
   engines: tuple[str, ...] = ENGINES
+
+  @property
+  def dims(self) -> harness.Dims:
+    return harness.Dims(**{f.name: getattr(self, f.name) for f in dataclasses.fields(harness.Dims)})
+
+  def roofline(self, r: EngineResult, machine: dict) -> dict:
+    """An engine's fractions of the bounds, trial by trial: decode tok/s over the bandwidth
+    bound (the mean cache fill: prompt + new / 2 slots), t1 as the prefill's counted FLOPs (every
+    prompt position, its full masked attention, the head at the last) a second over the peak."""
+    step = self.dims.decode_bytes(self.batch, self.prompt_len + self.new_tokens / 2)
+    bound = self.batch * machine["bandwidth_gb_s"] * 1e9 / step
+    prefill = self.dims.forward_flops(self.batch * self.prompt_len, self.prompt_len, self.batch)
+    return {
+      "decode_bound_tok_s": bound,
+      "decode_of_bound": [x / bound for x in r.decode_tok_s],
+      "prefill_gflop": prefill / 1e9,
+      "t1_of_peak": [prefill / (t / 1e3) / (machine["peak_gflop_s"] * 1e9) for t in r.t1_ms],
+    }
 
 
 SHAPES = {
@@ -284,7 +306,7 @@ def ratios(results: dict[str, EngineResult], engine: str, field: str) -> list[fl
   return harness.ratios(getattr(results["ours"], field), getattr(results[engine], field))
 
 
-def print_shape(shape: Shape, measured: dict) -> None:
+def print_shape(shape: Shape, measured: dict, fractions: dict) -> None:
   results = measured["results"]
   print(f"\n{shape.name}: {shape.layers} layers, D {shape.hidden}, F {shape.intermediate}, heads "
         f"{shape.heads}/{shape.kv_heads}, head_dim {shape.head_dim}, V {shape.vocab}; batch {shape.batch}, "
@@ -310,6 +332,12 @@ def print_shape(shape: Shape, measured: dict) -> None:
       f"{r.version}, {r.threads} threads",
       flush=True,
     )  # fmt: skip
+  for engine, f in fractions.items():
+    print(
+      f"roofline, {engine}: decode {fmt([100 * x for x in f['decode_of_bound']])}% of the bandwidth "
+      f"bound ({f['decode_bound_tok_s']:.1f} tok/s); t1 {fmt([100 * x for x in f['t1_of_peak']])}% "
+      f"of the matmul peak ({f['prefill_gflop']:.2f} GFLOP counted)"
+    )
   if "ours" in results:
     print(
       f"greedy agreement over {AGREEMENT_STEPS} steps; "
@@ -325,7 +353,8 @@ def main(argv):
   shapes = ["quick"] if _QUICK.value else _SHAPES.value
   trials = 3 if _QUICK.value and _TRIALS.value == _TRIALS.default else _TRIALS.value
   threads = _THREADS.value or os.cpu_count()
-  record = {**harness.describe_machine(threads, _QUICK.value), "shapes": {}}
+  machine = harness.describe_machine(threads, _QUICK.value)
+  record = {**machine, "threads": threads, "command": sys.argv, "shapes": {}}
   workdir = pathlib.Path(tempfile.mkdtemp(prefix="sampler_bench_"))
   sources = {}
   if _BASELINE.value:
@@ -341,9 +370,11 @@ def main(argv):
       shape_dir = workdir / key
       shape_dir.mkdir()
       measured = run_shape(shape, engines, trials, threads, shape_dir, sources, variants)
-      print_shape(shape, measured)
+      fractions = {e: shape.roofline(r, machine) for e, r in measured["results"].items()}
+      print_shape(shape, measured, fractions)
       record["shapes"][key] = {
         **measured,
+        "roofline": fractions,
         "results": {e: dataclasses.asdict(r) for e, r in measured["results"].items()},
         "skipped": skipped,
       }

@@ -190,9 +190,13 @@ class TorchStep:
   both actions of every pair under the policy and a frozen copy (the reference), group-normalised
   advantages, pair weights 1/2, k1 with β, the mean over pairs; backward; torch AdamW, the same
   learning rate and no weight decay. One step over the whole batch (the JAX side's chunks sum to the
-  same gradient)."""
+  same gradient). With `window`, logits only at the batch's completion window (its last K
+  positions, `completion_positions`; transformers' `logits_to_keep`), as the JAX side scores."""
 
-  def __init__(self, policy: transformers.Qwen3ForCausalLM, batch: dict[str, np.ndarray]):
+  def __init__(
+    self, policy: transformers.Qwen3ForCausalLM, batch: dict[str, np.ndarray], window: bool = False
+  ):
+    self.keep = batch["completion_positions"].shape[1] if window else 0  # 0: every position
     self.reference = copy.deepcopy(policy).eval()
     self.policy = policy.train()
     self.optimizer = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0)
@@ -203,9 +207,14 @@ class TorchStep:
     self.rewards = torch.tensor(batch["rewards"])
 
   def _pair_logp(self, model):
-    out = model(input_ids=self.tokens, attention_mask=self.attention, position_ids=self.positions)
-    logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, self.tokens[:, 1:, None])[..., 0]
-    return ((logp * self.completion).sum(-1) / self.completion.sum(-1).clamp(min=1)).reshape(-1, 2)
+    keep = self.keep + 1 if self.keep else 0  # the positions before the last K predict them
+    out = model(
+      input_ids=self.tokens, attention_mask=self.attention, position_ids=self.positions, logits_to_keep=keep
+    )
+    scored = out.logits.shape[1] - 1
+    targets, completion = self.tokens[:, -scored:], self.completion[:, -scored:]
+    logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, targets[..., None])[..., 0]
+    return ((logp * completion).sum(-1) / completion.sum(-1).clamp(min=1)).reshape(-1, 2)
 
   def step(self) -> tuple[float, float]:
     """One update; (the loss, the global norm of its gradient) before the update."""

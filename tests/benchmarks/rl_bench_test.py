@@ -1,4 +1,4 @@
-"""The RL benchmark's quick setting end to end: both sides ran, agreed, and the table is complete."""
+"""The RL benchmark's quick setting end to end: every side ran, agreed, and the table is complete."""
 
 import json
 import os
@@ -30,7 +30,7 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree(tmp_pat
   record = json.loads(out.read_text())
   assert record["failures"] == {}
   results = record["results"]
-  assert set(results) == {"jax", "torch"}
+  assert set(results) == {"jax", "torch", "torch_window"}
   for side, r in results.items():
     assert len(r["trials"]) == 3, side
     assert all(t["rollout_s"] > 0 and t["train_s"] > 0 for t in r["trials"]), side
@@ -40,13 +40,23 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree(tmp_pat
       t["rollout_tokens"] == setup["pairs"] * setup["samples"] * setup["new_tokens"] for t in r["trials"]
     )
     assert r["load_s"] > 0 and r["version"], side
-  agree = record["agreement"]
-  # Same weights, same loss: the first step's loss and gradient norm within the stated tolerances,
-  # and the same greedy tokens on a model whose rows do not repeat one token.
-  assert agree["within_tolerance"], agree
-  assert agree["loss_abs_diff"] <= rl_bench.LOSS_RTOL * max(1.0, abs(results["torch"]["first_loss"]))
-  assert agree["grad_norm_rel_diff"] <= rl_bench.NORM_RTOL
-  assert agree["greedy"] == 1.0 and agree["distinct_greedy_ids"] > 4
+  # Same weights, same loss (scored at every position or at the completion window only): the first
+  # step's loss and gradient norm within the stated tolerances, and the same greedy tokens on a
+  # model whose rows do not repeat one token.
+  assert set(record["agreement"]) == {"torch", "torch_window"}
+  for side, agree in record["agreement"].items():
+    assert agree["within_tolerance"], (side, agree)
+    assert agree["loss_abs_diff"] <= rl_bench.LOSS_RTOL * max(1.0, abs(results[side]["first_loss"]))
+    assert agree["grad_norm_rel_diff"] <= rl_bench.NORM_RTOL
+    assert agree["greedy"] == 1.0 and agree["distinct_greedy_ids"] > 4
+  # The roofline: counted FLOPs, fractions of the measured peak and bandwidth bound, fewer FLOPs
+  # where only the completion window is projected.
+  assert record["peak_gflop_s"] > 0 and record["bandwidth_gb_s"] > 0
+  roof = record["roofline"]
+  assert roof["jax"]["train_gflop"] == roof["torch_window"]["train_gflop"] < roof["torch"]["train_gflop"]
+  for side, f in roof.items():
+    assert len(f["train_of_peak"]) == 3 and all(x > 0 for x in f["train_of_peak"]), side
+    assert f["rollout_bound_tok_s"] > 0 and all(x > 0 for x in f["rollout_of_bound"]), side
   lines = proc.stdout.splitlines()
   header = next(line for line in lines if line.startswith("side "))
   for column in rl_bench.COLUMNS:
@@ -55,8 +65,10 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree(tmp_pat
   torch_row = next(line for line in lines if line.startswith("torch "))
   assert len(torch_row.split("[")) - 1 == 6  # three measurements and their three JAX ÷ PyTorch ratios
   assert jax_row.count("[") == 3
-  assert "agreement:" in proc.stdout and "held" in proc.stdout
+  assert "agreement with torch:" in proc.stdout and "FAILED" not in proc.stdout
+  assert "roofline, jax: train" in proc.stdout
   assert "measured read bandwidth" in proc.stdout and "load average" in proc.stdout
+  assert "matmul peak" in proc.stdout
 
 
 def test_agreement_fails_when_the_gradient_norms_differ():

@@ -45,6 +45,12 @@ def test_quick_run_measures_ours_transformers_and_a_baseline_commit(tmp_path):
   for line in ("ours ", "transformers ", "ours@HEAD "):
     assert any(row.startswith(line) for row in proc.stdout.splitlines()), (line, proc.stdout)
   assert "measured read bandwidth" in proc.stdout and "load average" in proc.stdout
+  # Roofline fractions of every engine against the bounds this run measured.
+  assert record["peak_gflop_s"] > 0 and record["bandwidth_gb_s"] > 0
+  for name, f in quick["roofline"].items():
+    assert len(f["decode_of_bound"]) == 3 and all(0 < x for x in f["decode_of_bound"]), name
+    assert len(f["t1_of_peak"]) == 3 and all(0 < x for x in f["t1_of_peak"]), name
+  assert "roofline, ours: decode" in proc.stdout
 
 
 def test_an_engine_without_its_venv_is_skipped_with_a_line_saying_so():
