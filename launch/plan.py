@@ -5,22 +5,36 @@ that fit with headroom, prints `--config.*` overrides (docs/scale.md).
   python -m launch.plan --config=configs/kace.py:qwen3_4b --target=v5p-8 --out=docs/results/plan.jsonl
   python -m launch.plan --render=docs/results/plan.jsonl        # writes docs/scale.md
 
-TPU targets need /work/venvs/tpu, GPU targets /work/venvs/cuda (scripts/plan_venvs.sh builds both;
-scripts/plan_table.sh runs every preset and target and renders the table).
+TPU targets need .plan_venvs/tpu, GPU targets .plan_venvs/cuda (scripts/plan_venvs.sh builds both;
+scripts/plan_table.sh runs every preset and target and renders the table). Run from the repository
+root with the venv's python: `.plan_venvs/cuda/bin/python -m launch.plan ...`.
 """
 
-import datetime
-import functools
-import json
 import os
-import sys
 
-from absl import flags
+# Before jax is imported: the deviceless compiles run on a machine without the accelerator. The CUDA
+# plugin otherwise refuses to load without CUDA's libraries (its version check), libtpu refuses a
+# second process on the host (its lock file), and the default backend is the CPU. A user's own
+# setting of any of these wins.
+for _name, _value in (
+  ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1"),
+  ("JAX_PLATFORMS", "cpu"),
+  ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+  ("TF_CPP_MIN_LOG_LEVEL", "2"),
+):
+  os.environ.setdefault(_name, _value)
 
-from dpa_grpo import plan as dpa_plan
-from kace import plan as kace_plan
-from launch import common
-from lm import plan as plan_lib
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from absl import flags  # noqa: E402
+
+from dpa_grpo import plan as dpa_plan  # noqa: E402
+from kace import plan as kace_plan  # noqa: E402
+from launch import common  # noqa: E402
+from lm import plan as plan_lib  # noqa: E402
 
 _CONFIG = common.define_config(
   "config", "configs/dpa_grpo.py:qwen3_4b", "A preset: configs/<job>.py:<preset> (default the DPA-GRPO 4B)."

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates docs/scale.md: every paper preset that loads real weights planned for every target
-# (`python -m launch.plan`), TPU targets in /work/venvs/tpu, GPU targets in /work/venvs/cuda (built by
+# (`python -m launch.plan`), TPU targets in .plan_venvs/tpu, GPU targets in .plan_venvs/cuda (built by
 # scripts/plan_venvs.sh), results appended to docs/results/plan.jsonl, then rendered.
 # Usage: scripts/plan_table.sh [VENV_ROOT]    (env SAMPLE=false leaves out DPA-GRPO's sampler program)
 set -euo pipefail
-root="${1:-/work/venvs}"
 cd "$(dirname "$0")/.."
+root="${1:-$PWD/.plan_venvs}"
 out=docs/results/plan.jsonl
 mkdir -p docs/results && : > "$out"
 # ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise refuses a second process on the host (its lockfile).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the two venvs `python -m launch.plan` compiles in, ahead of time, on a machine with no accelerator:
-#   /work/venvs/tpu   jax[tpu] (libtpu, ~0.7 GB): TPU targets through libtpu's topology descriptions
-#   /work/venvs/cuda  jax-cuda12-plugin + jax-cuda12-pjrt, --no-deps (no CUDA libraries, ~0.5 GB): GPU
+#   .plan_venvs/tpu   jax[tpu] (libtpu, ~0.7 GB): TPU targets through libtpu's topology descriptions
+#   .plan_venvs/cuda  jax-cuda12-plugin + jax-cuda12-pjrt, --no-deps (no CUDA libraries, ~0.5 GB): GPU
 #                     targets through XLA:GPU's deviceless compile (JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1)
 # Both pin jax/jaxlib to the project's version and add flax, optax, ml_collections, absl. The project's
 # other dependencies (safetensors, transformers, ... which its modules import) come from the project's
@@ -10,7 +10,7 @@
 # PYTHONPATH. Usage: scripts/plan_venvs.sh [tpu|cuda|all] [ROOT]
 set -euo pipefail
 which="${1:-all}"
-root="${2:-/work/venvs}"
+root="${2:-$(cd "$(dirname "$0")/.." && pwd)/.plan_venvs}"
 JAX_VERSION=0.10.2
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 COMMON=(flax==0.12.8 optax==0.2.8 chex==0.1.92 ml_collections==1.1.0 absl-py==2.5.1 "numpy>=2.0,<3")
