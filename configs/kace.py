@@ -198,6 +198,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       oracle_teacher=False,
       oracle_curator=False,
       oracle_noise=0.0,
+      curator_deletes_idle=False,  # the oracle curator also deletes cards of credit 0 (kace.oracle)
       solver_kind="trained",  # trained | scripted (kace.scripted: a program, no model; labelled)
       seed=0,
       per_cell=40,

@@ -347,6 +347,7 @@ class TestbedSection:
     oracle_teacher, oracle_curator: the teacher / curator roles are `kace.oracle`'s programs
       ("oracle (programmatic)") instead of `roles.teacher` / `roles.curator`.
     oracle_noise: the oracle teacher's rate of wrong rules.
+    curator_deletes_idle: the oracle curator also deletes cards of credit 0 (`OracleCurator`).
     solver_kind: "trained" (the tiny solver `solver` describes, built once and cached) or "scripted"
       (`kace.scripted`: a program that applies the first card of its question's kind word literally,
       else guesses; no model), for every role the solver plays in the whole comparison.
@@ -366,6 +367,7 @@ class TestbedSection:
   oracle_teacher: bool = False
   oracle_curator: bool = False
   oracle_noise: float = 0.0
+  curator_deletes_idle: bool = False
   solver_kind: str = "trained"
   seed: int = 0
   per_cell: int = 40

@@ -130,20 +130,25 @@ _LISTING_RE = re.compile(
 
 
 class OracleCurator:
-  """The curator role played by a program over the card listing and credits (module docstring)."""
+  """The curator role played by a program over the card listing and credits (module docstring).
+  With `delete_idle` it also deletes every card of credit 0 (no teaching reader's outcome depends on
+  it, or it has none): a wrong card whose readers fail with and without it is otherwise never
+  touched (docs/kace.md, "Testbed v2: results"); REFINE still rolls a deletion back when it costs
+  the acceptance readers."""
 
   label = LABEL
 
-  def __init__(self):
-    self.calls = 0
+  def __init__(self, delete_idle: bool = False):
+    self.calls, self.delete_idle = 0, delete_idle
 
   def reply(self, prompt: str) -> str:
     listing = prompt.split("All cards (id | location | type | read by | credit | text):", 1)[-1]
     rows = [m.groupdict() for m in _LISTING_RE.finditer(listing)]
     ops, deleted = [], set()
     for row in rows:
-      if int(row["credit"]) < 0:
-        ops.append({"op": "delete", "id": row["id"], "reason": f"{LABEL}: negative credit"})
+      if int(row["credit"]) < 0 or (self.delete_idle and int(row["credit"]) == 0):
+        why = "negative credit" if int(row["credit"]) < 0 else "credit 0"
+        ops.append({"op": "delete", "id": row["id"], "reason": f"{LABEL}: {why}"})
         deleted.add(row["id"])
     best: dict[tuple[str, str], dict] = {}
     for row in rows:

@@ -86,7 +86,11 @@ def learner(
   return learn.Learner(
     solver=methods.role(roles.get("solver")),
     teacher=teacher or methods.role(roles.get("teacher")),
-    curator=oracle.OracleCurator() if bed.oracle_curator else methods.role(roles.get("curator")),
+    curator=(
+      oracle.OracleCurator(bed.curator_deletes_idle)
+      if bed.oracle_curator
+      else methods.role(roles.get("curator"))
+    ),
     grader=grader,
     embedder=embedder,
     schedule=config.schedule.schedule(),

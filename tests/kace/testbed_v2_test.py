@@ -174,3 +174,19 @@ def test_v2_build_facts_count_refine_operations_and_cards(tmp_path):
   facts = predictions.v2_build_facts(str(tmp_path), rules, kinds)["kace"]
   assert facts == {"right": 1, "misplaced": 0, "wrong": 0, "other": 0, "add_kept": 1, "add_rejected": 1,
                    "refine_applied": 2, "refine_rolled_back": 1, "refine_refused": 0}  # fmt: skip
+
+
+def test_oracle_curator_deletes_idle_cards_only_when_asked():
+  tree = cards.EpistemicTree(domains=testbed.DOMAINS)
+  ids = []
+  for text in ("addthree=total", "addsix=tally"):
+    tree, card = tree.add(text, "convention", "MS", "algebra", cards.Provenance(), reason="test")
+    ids.append(card.id)
+  credits = [
+    learn.Credit(card=ids[0], readers=4, with_card=3, without_card=0, examples=[]),
+    learn.Credit(card=ids[1], readers=4, with_card=1, without_card=1, examples=[]),  # idle: credit 0
+  ]
+  prompt = learn.curator_prompt(tree, credits, [], {}, learn.LearnConfig(), ("MS", "HS"))
+  ops = lambda curator: [(op.op, op.ids) for op in learn.parse_operations(curator.reply(prompt))]
+  assert ops(oracle.OracleCurator()) == []
+  assert ops(oracle.OracleCurator(delete_idle=True)) == [("delete", (ids[1],))]
