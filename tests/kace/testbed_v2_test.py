@@ -119,6 +119,7 @@ def test_strict_add_rule_rejects_a_neutral_card_and_keeps_a_helpful_one(grader):
   assert not learn.accepts(strict, many)
 
 
+@pytest.mark.slow  # 6-13 s on the shared 2-core machine (a tiny BERT built, 2 x 57 problems solved)
 def test_retrieval_k_is_chosen_on_the_validation_split(grader, tmp_path):
   c = configs.kace.get_config("testbed")
   c.testbed.update(solver_kind="scripted", per_cell=8, test_per_cell=2)
