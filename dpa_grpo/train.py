@@ -215,7 +215,7 @@ class Trainer:
     replicated = NamedSharding(self.mesh, P())
     placed = {}
     for key, value in batch.items():
-      if key in ("tokens", "attention_mask", "completion_mask"):
+      if key in ("tokens", "attention_mask", "completion_mask", "completion_positions"):  # [B, ...] rows
         placed[key] = jax.device_put(value, sharding_lib.batch_sharding(self.mesh, value.shape))
       else:
         placed[key] = jax.device_put(value, replicated)
