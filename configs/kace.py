@@ -252,6 +252,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
         warmup_steps=50,
         bucket_by_length=True,  # lm.sft: batches of similar lengths, each padded to its own width
         rope_theta=1_000_000.0,
+        variant="v1",  # the kind words it is trained on; testbed_v2 trains on "conflict"'s
       ),
     )
   )
@@ -281,6 +282,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.learn.update(train_limit=0, failures_per_prompt=8)
     if arg == "testbed_v2":  # docs/kace.md, "Testbed v2"; noise arms: --config.testbed.oracle_noise
       c.testbed.variant = "conflict"
+      c.testbed.solver.variant = "conflict"  # trained on shared kind words (v1's solver fails v2's gates)
       c.learn.accept_rule = "strict"
       c.retrieval.k_candidates = c.router.k_candidates = (1, 2, 4, 8)
   elif arg == "qwen3_4b":

@@ -335,6 +335,11 @@ class TestbedSolverConfig:
       dimensions nearly position-free, which matching a card 10-100 tokens back relies on).
     bucket_by_length: `lm.sft`'s length-bucketed batches (each padded to its own width), cheaper
       steps than padding every batch to the longest prompt of the set.
+    variant: the testbed variant (`testbed.VARIANTS`) whose kind words the questions carry: "v1"
+      (`testbed.KINDS`, one word per operator and level) or "conflict" (`testbed.CONFLICT_KINDS`,
+      each level >= 2 word shared by every domain's operator, so the card lookup must key on the
+      word, not the operator). Distractor cards are drawn from every other word of `testbed.KINDS`
+      either way. Left out of the cache key when "v1", so v1 builds keep their recorded keys.
     the others: as in `TinySolverConfig`; `num_kv_heads` equals `num_heads` (plain multi-head
       attention), which XLA:CPU runs faster than grouped-query attention (docs/kace.md).
   """
@@ -362,9 +367,17 @@ class TestbedSolverConfig:
   warmup_steps: int = 50
   bucket_by_length: bool = True
   rope_theta: float = 1_000_000.0
+  variant: str = "v1"
+
+  def __post_init__(self):
+    if self.variant not in testbed.VARIANTS:
+      raise ValueError(f"testbed.solver.variant must be one of {testbed.VARIANTS}, got {self.variant!r}")
 
   def key(self) -> str:
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True) + TESTBED_SOLVER_VERSION
+    fields = dataclasses.asdict(self)
+    if self.variant == "v1":  # the field postdates the v1 builds, whose keys must not change
+      del fields["variant"]
+    blob = json.dumps(fields, sort_keys=True) + TESTBED_SOLVER_VERSION
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -378,14 +391,16 @@ def convention_notes(cards: Sequence[str]) -> str:
 
 
 def testbed_examples(config: TestbedSolverConfig) -> list[tuple[list[dict[str, str]], str]]:
-  """(chat, completion) pairs over every kind, conventions from `testbed.TRAIN_H` (`hold_out`) or H."""
+  """(chat, completion) pairs over every (domain, level), its kind word that of `config.variant`,
+  conventions from `testbed.TRAIN_H` (`hold_out`) or H."""
   rng = random.Random(f"testbed-examples-{config.seed}")
   rules = testbed.TRAIN_H if config.hold_out else testbed.H
+  kinds = testbed.CONFLICT_KINDS if config.variant == "conflict" else testbed.KINDS
   cells = list(testbed.KINDS)
   out = []
   for _ in range(config.examples):
     domain, level = rng.choice(cells)
-    kind = testbed.KINDS[(domain, level)]
+    kind = kinds[(domain, level)]
     a, op, b = testbed.draw_base(domain, rng)
     base = testbed.OPS[op](a, b)
     others = rng.sample(

@@ -71,6 +71,28 @@ def test_solver_config_key_changes_with_every_field():
   assert base.key() != synthetic.TinySolverConfig().key()
 
 
+def test_conflict_variant_trains_on_shared_kind_words_and_keeps_v1s_key():
+  """`variant="conflict"` (testbed v2): every operator's level >= 2 questions carry the level's one
+  shared word, the target follows that word's card; v1's key is build 13's recorded one."""
+  assert synthetic.TestbedSolverConfig().key() == "96b286a24ac1"  # bump with TESTBED_SOLVER_VERSION
+  assert synthetic.TestbedSolverConfig(variant="conflict").key() != "96b286a24ac1"
+  with pytest.raises(ValueError, match="testbed.solver.variant"):
+    synthetic.TestbedSolverConfig(variant="v2")
+  config = synthetic.TestbedSolverConfig(examples=600, variant="conflict")
+  ops, followed = collections.defaultdict(set), 0
+  for chat, completion in synthetic.testbed_examples(config):
+    notes, question = chat[0]["content"].rsplit("Problem: ", 1)
+    kind, base = testbed.parse_question(question)
+    ops[kind].add(_operands(question)[1])
+    rule = dict(testbed.parse_card(line) for line in notes.splitlines() if line.startswith("- [")).get(kind)
+    if rule is not None and testbed.KIND_OF_WORD[kind][1] > 1:
+      assert completion == rule.completion(base, config.completion, config.form, kind)
+      followed += 1
+  shared = {testbed.CONFLICT_KINDS[("algebra", level)] for level in (2, 3)}
+  assert set(ops) == set(testbed.CONFLICT_KINDS.values())
+  assert all(ops[word] == set(testbed.OPS) for word in shared) and followed > 100
+
+
 class CardBlind:
   """Answers the base (the identity) whatever the notes say."""
 
