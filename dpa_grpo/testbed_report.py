@@ -319,6 +319,60 @@ def _v1_predictions(runs, seeds: Sequence[int], summary: dict[str, Any]) -> list
   return md
 
 
+_KL = "verifier/verdict/kl"
+
+
+def training_health(train: Sequence[dict[str, Any]], logs: Sequence[dict[str, Any]], windows: int = 5):
+  """Per window of training steps: the share of verifier replies that parse as a verdict, of
+  generator decisions that parse, and the mean k1 KL estimate of the verifier's verdicts (training
+  rollouts and metrics.jsonl, never the test split). A verdict share falling toward 0 with the KL
+  estimate going far below 0 is the policy leaving its reference's format: the collapse the 60-step
+  runs of testbed v2 showed (docs/dpa_grpo.md)."""
+  steps = np.array([r["step"] for r in train])
+  edges = np.linspace(steps.min(), steps.max() + 1, windows + 1).round().astype(int)
+  rows = []
+  for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    units = [r for r in train if lo <= r["step"] < hi]
+    decided = [bool(r["decision_valid"]) for r in units if r.get("decision") is not None]
+    kl = [m[_KL] for m in logs if lo <= m.get("step", -1) < hi and _KL in m]
+    rows.append({
+      "steps": [int(lo), int(hi) - 1],
+      "valid_verdict": float(np.mean([bool(r["verifier_valid"]) for r in units])) if units else float("nan"),
+      "valid_decision": float(np.mean(decided)) if decided else float("nan"),
+      "verifier_kl": float(np.mean(kl)) if kl else float("nan"),
+    })  # fmt: skip
+  return rows
+
+
+def format_health(
+  workdir: str, arms: Sequence[str], seeds: Sequence[int], summary: dict[str, Any]
+) -> list[str]:
+  """`training_health` of every finished run with a verifier (markdown lines; into `summary`)."""
+  md = []
+  for arm in arms:
+    for seed in seeds:
+      path = testbed_arms.run_dir(workdir, arm, seed)
+      train_path = os.path.join(path, "records", "train.jsonl")
+      if not os.path.exists(os.path.join(path, "summary.json")) or not os.path.exists(train_path):
+        continue
+      train = [r for r in rundir.read_jsonl(train_path) if "verifier_valid" in r]
+      if not train:
+        continue
+      rows = training_health(train, list(rundir.read_jsonl(os.path.join(path, "metrics.jsonl"))))
+      summary.setdefault("training_health", {}).setdefault(arm, {})[seed] = rows
+      cells = " | ".join(
+        f"{r['valid_verdict']:.2f} / {r['valid_decision']:.2f} / {r['verifier_kl']:+.2f}" for r in rows
+      )
+      md.append(f"| {arm} | {seed} | {cells} |")
+  if not md:
+    return []
+  head = ["", "Format health of the training rollouts (`testbed_report.training_health`): per fifth of "
+          "the training steps, share of verdicts that parse / of decisions that parse / the verifier's mean "
+          "k1 KL estimate:", "", "| arm | seed | " + " | ".join(f"fifth {i + 1}" for i in range(5)) + " |",
+          "|---|---|" + "---|" * 5]  # fmt: skip
+  return head + md
+
+
 def _v2_predictions(
   workdir: str, arms: Sequence[str], seeds: Sequence[int], summary: dict[str, Any]
 ) -> list[str]:
@@ -414,6 +468,7 @@ def write(
     md += _v2_predictions(workdir, arms, seeds, summary)
   else:
     md += _v1_predictions(runs, seeds, summary)
+  md += format_health(workdir, arms, seeds, summary)
   if runs:
     summary["figures"] = _figures(runs, os.path.join(workdir, "figures"))
     md += ["", "![accuracy](figures/accuracy.png)", "![cases](figures/cases.png)"]

@@ -94,3 +94,18 @@ def test_the_trend_baseline_recovers_a_linear_drift_and_moving_drafts_shift_the_
   right = [game.CASES.index(c) for c in ("1", "3")]
   assert up(0.3, steps)[-1, right].sum() > held(0.3, steps)[-1, right].sum() + 0.2
   np.testing.assert_allclose(up(0.3, steps).sum(-1), 1.0, atol=1e-5)
+
+
+def test_training_health_reads_format_collapse_from_training_records_only():
+  """Verdicts parse in the first half and not in the second; the KL estimate falls: the windows say so."""
+  train = [
+    {"step": step, "verifier_valid": step <= 5, "decision": {"text": "x"}, "decision_valid": True}
+    for step in range(1, 11)
+    for _ in range(4)
+  ]
+  logs = [{"step": step, "verifier/verdict/kl": -0.1 * step} for step in range(1, 11)]
+  rows = testbed_report.training_health(train, logs, windows=2)
+  assert [r["steps"] for r in rows] == [[1, 5], [6, 10]]
+  assert [r["valid_verdict"] for r in rows] == [1.0, 0.0]
+  assert [r["valid_decision"] for r in rows] == [1.0, 1.0]
+  assert rows[0]["verifier_kl"] == pytest.approx(-0.3) and rows[1]["verifier_kl"] == pytest.approx(-0.8)
