@@ -73,15 +73,11 @@ def line_games(records: Sequence[dict[str, Any]], invalid_decision_action: str) 
   return games
 
 
-def predictor(
-  games: dict[str, theory.Game],
-  loss: config_lib.LossConfig,
-  t_end: float,
-  draft_right: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
-):
-  """(κ, steps [W]) -> predicted rates of the 8 cases [W, 8] (mean over lines), by interpolating
-  each line's ODE path at t = κ · step. `draft_right` {line: (steps [K], P(x right) [K])}: the case
-  mix follows it (the module docstring's "moving" drafts); None: each line's step-0 P(x right)."""
+def predictor(games: dict[str, theory.Game], loss: config_lib.LossConfig, t_end: float):
+  """(κ, steps [W], draft_right=None) -> predicted rates of the 8 cases [W, 8] (mean over lines), by
+  interpolating each line's ODE path (integrated once here) at t = κ · step. `draft_right` {line:
+  (steps [K], P(x right) [K])}: the case mix follows it (the module docstring's "moving" drafts);
+  None: each line's step-0 P(x right)."""
   lines = []
   for line, g in games.items():
     times, path = theory.ode_paths(
@@ -101,7 +97,7 @@ def predictor(
     lines.append((line, g.p_x_right, given))  # given: [x wrong, x right], each [S, 8]
   times = np.asarray(times)
 
-  def predict(kappa: float, steps: np.ndarray) -> np.ndarray:
+  def predict(kappa: float, steps: np.ndarray, draft_right: dict | None = None) -> np.ndarray:
     steps = np.asarray(steps, np.float64)
     out = []
     for line, p0, (wrong, right) in lines:
@@ -169,11 +165,9 @@ def out_of_sample(
   games = line_games(gate_records, fallback)
   last = max(max(r["step"] for r in rs) for rs in train_records.values())
   t_end = _KAPPAS[-1] * (last + 1)
-  predictors = {
-    "ode": predictor(games, config.loss, t_end),
-    "ode_drafts": predictor(games, config.loss, t_end, draft_trajectory(train_records[fit_seed])),
-  }
-  step0 = predictors["ode"](0.0, np.zeros(1))[0]
+  ode, drafts = predictor(games, config.loss, t_end), draft_trajectory(train_records[fit_seed])
+  predictors = {"ode": ode, "ode_drafts": lambda k, steps: ode(k, steps, drafts)}
+  step0 = ode(0.0, np.zeros(1))[0]
   measured = {s: measured_rates(rs, fallback) for s, rs in train_records.items()}
   centre, rates, _ = measured[fit_seed]
   rms = lambda pred, r: float(np.sqrt(np.mean((pred - r) ** 2)))
@@ -278,5 +272,5 @@ def for_workdir(workdir: str, config: config_lib.ExperimentConfig, arm: str, see
       train[seed] = list(rundir.read_jsonl(path))
   if not os.path.exists(gate_path) or 0 not in train or len(train) < 2:
     return None
-  arm_cfg = testbed_arms.arm_config(config, testbed_arms.ARMS[arm], 0, "")
+  arm_cfg = testbed_arms.arm_config(config, testbed_arms.ALL_ARMS[arm], 0, "")
   return out_of_sample(list(rundir.read_jsonl(gate_path)), train, arm_cfg, os.path.join(workdir, "figures"))

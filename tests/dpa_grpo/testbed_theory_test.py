@@ -1,5 +1,6 @@
 """The Game variant that cannot observe correctness, and the out-of-sample ODE on hand-built records."""
 
+import os
 import random
 
 import jax.numpy as jnp
@@ -86,14 +87,14 @@ def test_the_trend_baseline_recovers_a_linear_drift_and_moving_drafts_shift_the_
   # the drafts improve, right-draft cases (1, 3) gain mass.
   config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
   g = {"1a": theory.Game(p_x_right=0.5, verifier_ref=(0.6, 0.4))}
-  held = testbed_theory.predictor(g, config.loss, t_end=10.0)
-  same = testbed_theory.predictor(g, config.loss, 10.0, {"1a": (np.array([0.0, 20.0]), np.array([0.5, 0.5]))})
-  up = testbed_theory.predictor(g, config.loss, 10.0, {"1a": (np.array([0.0, 20.0]), np.array([0.5, 0.9]))})
-  steps = np.array([0.0, 10.0, 20.0])
-  np.testing.assert_allclose(held(0.3, steps), same(0.3, steps), atol=1e-6)
+  predict = testbed_theory.predictor(g, config.loss, t_end=10.0)
+  steps, at = np.array([0.0, 10.0, 20.0]), np.array([0.0, 20.0])
+  held, same = predict(0.3, steps), predict(0.3, steps, {"1a": (at, np.array([0.5, 0.5]))})
+  up = predict(0.3, steps, {"1a": (at, np.array([0.5, 0.9]))})
+  np.testing.assert_allclose(held, same, atol=1e-6)
   right = [game.CASES.index(c) for c in ("1", "3")]
-  assert up(0.3, steps)[-1, right].sum() > held(0.3, steps)[-1, right].sum() + 0.2
-  np.testing.assert_allclose(up(0.3, steps).sum(-1), 1.0, atol=1e-5)
+  assert up[-1, right].sum() > held[-1, right].sum() + 0.2
+  np.testing.assert_allclose(up.sum(-1), 1.0, atol=1e-5)
 
 
 def test_training_health_reads_format_collapse_from_training_records_only():
@@ -109,3 +110,30 @@ def test_training_health_reads_format_collapse_from_training_records_only():
   assert [r["valid_verdict"] for r in rows] == [1.0, 0.0]
   assert [r["valid_decision"] for r in rows] == [1.0, 1.0]
   assert rows[0]["verifier_kl"] == pytest.approx(-0.3) and rows[1]["verifier_kl"] == pytest.approx(-0.8)
+
+
+def test_for_workdir_reads_a_v2_arm(tmp_path):
+  """The v2 report asks for the `dpa_paper` arm (it once looked it up among v1's arms only)."""
+  from dpa_grpo import testbed_arms
+  from lm import rundir
+
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v2").to_dict())
+  rng = random.Random(1)
+  (tmp_path / "gates").mkdir()
+  rundir.append_jsonl(
+    str(tmp_path / "gates" / "records.jsonl"),
+    [_record(rng, line, 0, 0.5, 0.6, 0.4) for line in ("1a", "12") for _ in range(50)],
+  )
+  for seed in (0, 1):
+    run = testbed_arms.run_dir(str(tmp_path), "dpa_paper", seed)
+    os.makedirs(os.path.join(run, "records"))
+    rows = [
+      _record(rng, line, step, 0.5, 0.6, 0.4)
+      for step in range(1, 6)
+      for line in ("1a", "12")
+      for _ in range(8)
+    ]
+    rundir.append_jsonl(os.path.join(run, "records", "train.jsonl"), rows)
+    rundir.write_json(os.path.join(run, "summary.json"), {})
+  out = testbed_theory.for_workdir(str(tmp_path), config, "dpa_paper", [0, 1])
+  assert set(out["seeds"]) == {1} and out["across_seeds"]["trend_rmse"]["n"] == 1
