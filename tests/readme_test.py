@@ -19,6 +19,10 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
 # command no CPU test can run (a real checkpoint, a server, a GPU) says why instead. A new README
 # command without an entry fails `test_every_readme_command_is_run_by_a_test`.
 _RUNS = "tests/launch/readme_commands_test.py::"
+# The tiny DPA-GRPO preset as the README writes it: the one-process leg of the two-process test.
+_TINY = (
+  "tests/multihost/two_process_test.py::test_dpa_grpo_two_processes_killed_and_resumed_match_one_process"
+)
 COMMANDS = {
   "python -m launch.main --workdir=runs/main":
     "tests/launch/main_test.py::test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates",
@@ -48,10 +52,8 @@ COMMANDS = {
     "tests/kace/testbed_pipeline_test.py::test_the_launcher_refuses_a_solver_that_fails_its_gates",
   "python -m launch.dpa_testbed --workdir=runs/dpa_testbed":
     "tests/dpa_grpo/testbed_test.py::test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size",
-  "python -m launch.dpa_grpo --workdir=runs/dpa_grpo":
-    _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
-  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=runs/dpa_tiny":
-    _RUNS + "test_dpa_grpo_tiny_smoke_run_writes_its_report",
+  "python -m launch.dpa_grpo --workdir=runs/dpa_grpo": _TINY,
+  "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=runs/dpa_tiny": _TINY,
   "python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=/runs/4b "
   "--config.model.checkpoint=/models/Qwen3-4B "
   "--config.data.root=/data/tax-calc-bench/tax_calc_bench/ty24/test_data":

@@ -129,6 +129,11 @@ def test_dpa_grpo_two_processes_killed_and_resumed_match_one_process(tmp_path):
   _assert_same_logs(run_two, run_one, logs)
   # TensorBoard: one events file a start of the run (killed, resumed), none from process 1
   assert len(os.listdir(run_two / "tb")) == 2 and (two / "report.md").exists()
+  # The one-process leg is the README's `python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny`
+  # (it once failed at the report: a Wilson upper bound below the point estimate).
+  report = (one / "report.md").read_text()
+  assert report.startswith("# DPA-GRPO experiment report") and "accuracy" in report
+  assert (one / "figures" / "per_line_accuracy.png").stat().st_size > 1000
   assert not _differences(
     json.loads((run_two / "summary.json").read_text()), json.loads((run_one / "summary.json").read_text())
   )
