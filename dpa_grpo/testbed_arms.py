@@ -79,8 +79,20 @@ V2_ARMS = {
     ),
   )
 }
+# The follow-up registered on 2026-12-03 (docs/dpa_grpo.md, "Testbed v2 follow-up: the k3 anchor"):
+# the same two arms with the k3 estimator in place of the reference's k1. On the pair loss's fixed
+# counterfactual actions k1's gradient β·½(∇ℓ_a + ∇ℓ_b) lowers both actions' log-probs on every
+# unit, ties included, so it is a push away from the reference, not an anchor; k3's,
+# β·½Σ(1 − e^{ℓref−ℓ})∇ℓ, pulls ℓ back up once it falls below the reference. Not a preset default:
+# run with --arms=dpa_paper_k3,proposal_only_k3 into its own work directory.
+V2_K3_ARMS = {
+  f"{a.name}_k3": dataclasses.replace(
+    a, name=f"{a.name}_k3", label=f"{a.label}; k3 estimator", loss=dict(a.loss, kl="k3")
+  )
+  for a in V2_ARMS.values()
+}
 V2_SEEDS = tuple(range(9))
-ALL_ARMS = {**ARMS, **V2_ARMS}
+ALL_ARMS = {**ARMS, **V2_ARMS, **V2_K3_ARMS}
 
 
 def is_v2(config: config_lib.ExperimentConfig) -> bool:

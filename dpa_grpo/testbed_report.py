@@ -103,6 +103,32 @@ V2_CONTROLS = (
   ),
 )
 
+# The follow-up of 2026-12-03 (docs/dpa_grpo.md, "Testbed v2 follow-up: the k3 anchor", registered
+# before it ran): R1-R6 and C1-C2 on the k3 pair (ids suffixed "k3"), and F1k3 / F2k3, each arm's
+# share of training verdicts that parse in the last fifth of its steps against FORMAT_BOUND (the
+# per-seed difference share − bound, "up"). A pair is judged when one of its arms is in the report.
+V2_PAIRS = {("dpa_paper", "proposal_only"): "", ("dpa_paper_k3", "proposal_only_k3"): "k3"}
+FORMAT_BOUND = 0.9
+V2_FORMAT_PREDICTIONS = {
+  "k3": (
+    ("F1k3", "verdicts still parse in the last fifth of training under DPA-GRPO (k3): share − 0.9",
+     "dpa_paper_k3"),
+    ("F2k3", "verdicts still parse in the last fifth of training under the ablation (k3): share − 0.9",
+     "proposal_only_k3"),
+  ),
+}  # fmt: skip
+
+
+def _pair_rows(pair: tuple[str, str], suffix: str) -> tuple[tuple, ...]:
+  """V2_PREDICTIONS and V2_CONTROLS (direction None) for the arm pair `pair`, ids suffixed."""
+  rename = dict(zip(("dpa_paper", "proposal_only"), pair, strict=True))
+  rows = V2_PREDICTIONS + tuple(c + (None,) for c in V2_CONTROLS)
+  note = f" ({suffix})" if suffix else ""
+  return tuple(
+    (pid + suffix, text + note, kind, tuple(rename[a] for a in arms), quantity, direction)
+    for pid, text, kind, arms, quantity, direction in rows
+  )
+
 
 def _evals(path: str) -> dict[int, dict[str, Any]]:
   metrics = os.path.join(path, "metrics.jsonl")
@@ -324,7 +350,7 @@ _KL = "verifier/verdict/kl"
 
 def training_health(train: Sequence[dict[str, Any]], logs: Sequence[dict[str, Any]], windows: int = 5):
   """Per window of training steps: the share of verifier replies that parse as a verdict, of
-  generator decisions that parse, and the mean k1 KL estimate of the verifier's verdicts (training
+  generator decisions that parse, and the verifier's mean KL term (the arm's estimator; training
   rollouts and metrics.jsonl, never the test split). A verdict share falling toward 0 with the KL
   estimate going far below 0 is the policy leaving its reference's format: the collapse the 60-step
   runs of testbed v2 showed (docs/dpa_grpo.md)."""
@@ -368,7 +394,8 @@ def format_health(
     return []
   head = ["", "Format health of the training rollouts (`testbed_report.training_health`): per fifth of "
           "the training steps, share of verdicts that parse / of decisions that parse / the verifier's mean "
-          "k1 KL estimate:", "", "| arm | seed | " + " | ".join(f"fifth {i + 1}" for i in range(5)) + " |",
+          "KL term (the arm's estimator: k1 or k3):", "",
+          "| arm | seed | " + " | ".join(f"fifth {i + 1}" for i in range(5)) + " |",
           "|---|---|" + "---|" * 5]  # fmt: skip
   return head + md
 
@@ -407,7 +434,8 @@ def _v2_predictions(
     "| id | prediction or control | seeds | mean difference [95% t] | verdict |",
     "|---|---|---|---|---|",
   ]
-  for pid, text, kind, pair, quantity, direction in V2_PREDICTIONS + tuple(c + (None,) for c in V2_CONTROLS):
+  rows = [r for pair, suffix in V2_PAIRS.items() if set(pair) & set(arms) for r in _pair_rows(pair, suffix)]
+  for pid, text, kind, pair, quantity, direction in rows:
     diffs, ran = [], []
     for seed in seeds:
       try:
@@ -423,6 +451,18 @@ def _v2_predictions(
       "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},
     }  # fmt: skip
     md.append(f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | **{verdict}** |")
+  health = summary.get("training_health", {})
+  for pair, suffix in V2_PAIRS.items():
+    for pid, text, arm in V2_FORMAT_PREDICTIONS.get(suffix, ()) if set(pair) & set(arms) else ():
+      by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
+      ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
+      diffs = [by_seed[s] for s in ran]
+      mean, (low, high), verdict = across_seeds(diffs, "up")
+      summary["predictions"][pid] = {
+        "statement": text, "seeds": ran, "differences": diffs,
+        "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},
+      }  # fmt: skip
+      md.append(f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | **{verdict}** |")
   return md
 
 
@@ -464,15 +504,18 @@ def write(
       )
     summary["arms"][arm] = {"label": testbed_arms.ALL_ARMS[arm].label, "final_accuracy": finals}
     md.append(f"| {arm} | all | | {_spread(finals)} | | | |")
+  health = format_health(workdir, arms, seeds, summary)  # before the v2 rows: F1k3 / F2k3 read it
   if testbed_arms.is_v2(config):
     md += _v2_predictions(workdir, arms, seeds, summary)
   else:
     md += _v1_predictions(runs, seeds, summary)
-  md += format_health(workdir, arms, seeds, summary)
+  md += health
   if runs:
     summary["figures"] = _figures(runs, os.path.join(workdir, "figures"))
     md += ["", "![accuracy](figures/accuracy.png)", "![cases](figures/cases.png)"]
-  ode_arm = "dpa_paper" if testbed_arms.is_v2(config) else "dpa_k1"
+  ode_arm = "dpa_k1"
+  if testbed_arms.is_v2(config):  # the paper arm of the first pair in the report
+    ode_arm = next((p[0] for p in V2_PAIRS if p[0] in arms), "dpa_paper")
   ode = testbed_theory.for_workdir(workdir, config, ode_arm, seeds)
   if ode is not None:
     summary["ode_out_of_sample"] = ode

@@ -1,6 +1,7 @@
 """The testbed's gates, arms, warm-start cache key and the prediction-judging rule, on hand-built
 records; and (slow) the whole pipeline at smoke size: gates refuse, or arms x seeds resume."""
 
+import dataclasses
 import json
 import os
 
@@ -371,3 +372,36 @@ def test_the_not_up_rule():
   assert testbed_report.across_seeds(flat, "not up")[2] == "held"
   assert testbed_report.across_seeds([0.1 + 0.01 * i for i in range(9)], "not up")[2] == "not held"
   assert testbed_report.across_seeds([0.06 * (-1) ** i for i in range(9)], "not up")[2] == "inconclusive"
+
+
+def test_k3_follow_up_arms_change_only_the_estimator_and_are_judged_with_format_rows(tmp_path):
+  """The registered follow-up (docs/dpa_grpo.md, "Testbed v2 follow-up"): its arms are v2's with
+  kl="k3", outside the preset's defaults; its report judges R1k3... on the k3 pair only and F1k3 /
+  F2k3 on the last fifth's verdict format, which holds in one arm and collapses in the other here."""
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v2").to_dict())
+  assert testbed.default_arms(config) == ("dpa_paper", "proposal_only")
+  for name in ("dpa_paper", "proposal_only"):
+    k1 = testbed.arm_config(config, testbed.ALL_ARMS[name], 0, "/ckpt")
+    k3 = testbed.arm_config(config, testbed.ALL_ARMS[name + "_k3"], 0, "/ckpt")
+    assert (k1.loss.kl, k3.loss.kl) == ("k1", "k3")
+    assert dataclasses.replace(k3, loss=dataclasses.replace(k3.loss, kl="k1")) == k1
+  seeds = tuple(range(9))
+  arms = ("dpa_paper_k3", "proposal_only_k3")
+  for seed in seeds:
+    for arm, collapse in zip(arms, (False, True), strict=True):
+      _write_v2_run(tmp_path, arm, seed, (3, 2, 0.70, 0.70), (7, 2, 0.78, 0.74))
+      path = testbed.run_dir(str(tmp_path), arm, seed)
+      valid = lambda s: not (collapse and s > 50 + seed % 2)  # noqa: B023
+      train = [{"step": s, "verifier_valid": valid(s), "decision": None} for s in range(1, 61)]
+      with open(os.path.join(path, "records", "train.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train)
+      with open(os.path.join(path, "summary.json"), "w") as f:
+        f.write("{}")
+  summary = testbed_report.write(str(tmp_path), config, arms, seeds)
+  p = summary["predictions"]
+  assert "R1" not in p and "R1k3" in p and len(p["R1k3"]["differences"]) == 9
+  assert p["R1k3"]["across_seeds"]["verdict"] == "inconclusive"  # both arms rise alike: DiD 0
+  assert p["F1k3"]["across_seeds"]["verdict"] == "held"  # every verdict parses: 1.0 − 0.9
+  assert p["F1k3"]["across_seeds"]["mean"] == pytest.approx(0.1)
+  assert p["F2k3"]["across_seeds"]["verdict"] == "not held"  # the last fifth (steps 49-60) parses 2-3 of 12
+  assert "| F2k3 |" in (tmp_path / "report.md").read_text()
