@@ -244,11 +244,13 @@ def run(
   arms: Sequence[str] | None = None,
   seeds: Sequence[int] | None = None,
   allow_config_change: bool = False,
+  other_warm_start: str = "",
 ) -> dict[str, Any]:
   """Warm start, gates, then every arm for every seed (seed-major, so a partial run covers every
   arm), the report rewritten after each; returns the report's summary. `workdir` is created or
   resumed for this config, arms and seeds (`lm.rundir.prepare_workdir`), as is each run in it.
-  `arms` / `seeds` None: the testbed's own (`default_arms`; v1 `SEEDS`, v2 `V2_SEEDS`)."""
+  `arms` / `seeds` None: the testbed's own (`default_arms`; v1 `SEEDS`, v2 `V2_SEEDS`).
+  `other_warm_start`: another warm start's testbed workdir for the report's ODE section."""
   arms = default_arms(config) if arms is None else tuple(arms)
   seeds = (V2_SEEDS if is_v2(config) else SEEDS) if seeds is None else tuple(seeds)
   unknown = sorted(set(arms) - set(ALL_ARMS))
@@ -270,5 +272,5 @@ def run(
         _log.info("testbed: %s seed %d", name, seed)
         progress.note(f"training arm {name}, seed {seed} ({len(arms)} arms x {len(seeds)} seeds)")
         train.run(cfg, path)
-      summary = testbed_report.write(workdir, config, arms, seeds)
+      summary = testbed_report.write(workdir, config, arms, seeds, other_warm_start)
   return summary

@@ -467,9 +467,15 @@ def _v2_predictions(
 
 
 def write(
-  workdir: str, config: config_lib.ExperimentConfig, arms: Sequence[str], seeds: Sequence[int]
+  workdir: str,
+  config: config_lib.ExperimentConfig,
+  arms: Sequence[str],
+  seeds: Sequence[int],
+  other_warm_start: str = "",
 ) -> dict[str, Any]:
-  """Writes report.md, report.json and figures/ from the runs that exist; returns the summary."""
+  """Writes report.md, report.json and figures/ from the runs that exist; returns the summary.
+  `other_warm_start`: a testbed workdir of another warm start whose runs of the ODE's arm the fit
+  here also predicts (`testbed_theory.other_warm_start`)."""
   runs = {arm: {s: e for s in seeds if (e := _evals(testbed_arms.run_dir(workdir, arm, s)))} for arm in arms}
   runs = {arm: by_seed for arm, by_seed in runs.items() if by_seed}
   summary: dict[str, Any] = {"arms": {}, "predictions": {}}
@@ -516,7 +522,7 @@ def write(
   ode_arm = "dpa_k1"
   if testbed_arms.is_v2(config):  # the paper arm of the first pair in the report
     ode_arm = next((p[0] for p in V2_PAIRS if p[0] in arms), "dpa_paper")
-  ode = testbed_theory.for_workdir(workdir, config, ode_arm, seeds)
+  ode = testbed_theory.for_workdir(workdir, config, ode_arm, seeds, other_warm_start)
   if ode is not None:
     summary["ode_out_of_sample"] = ode
     md += ["", *ode_markdown(ode, testbed_arms.ALL_ARMS[ode_arm].label)]
@@ -550,8 +556,8 @@ def ode_markdown(ode: dict[str, Any], label: str) -> list[str]:
   md += [f"| {s} | " + " | ".join(f"{r[n]:.4f}" for n in names) + " |" for s, r in ode["seeds"].items()]
   rows = ode.get("across_seeds", {})
 
-  def cell(name: str) -> str:
-    row = rows.get(name)
+  def cell(name: str, table: dict[str, Any] = rows) -> str:
+    row = table.get(name)
     if row is None:
       return "—"
     ci = row["interval"]
@@ -568,5 +574,22 @@ def ode_markdown(ode: dict[str, Any], label: str) -> list[str]:
         for b in ("trend_rmse", "step0_rmse")
       )
       + ".",
+    ]
+  other = ode.get("other_warm_start")
+  if other:
+    o_names = ("ode_rmse", "trend_rmse", "step0_rmse")
+    o_cell = lambda n: cell(n, other["across_seeds"])
+    md += [
+      "",
+      f"Another warm start (`{other['workdir']}`): its own step-0 game, κ = {other['kappa']:.3g} and the "
+      f"trend's slopes from seed {ode['fit_seed']} above, unchanged (drafts held). RMS error per run:",
+      "",
+      "| seed | ODE, drafts held | trend (8 slopes) | step-0 rates |",
+      "|---|---|---|---|",
+      *(f"| {s} | " + " | ".join(f"{r[n]:.4f}" for n in o_names) + " |" for s, r in other["seeds"].items()),
+      "| mean [95% t] | " + " | ".join(o_cell(n) for n in o_names) + " |",
+      "",
+      f"Paired, mean [95% t]: ode − trend {o_cell('ode_rmse - trend_rmse')}; "
+      f"ode − step0 {o_cell('ode_rmse - step0_rmse')}.",
     ]
   return md + ["", "![ODE out of sample](figures/ode_out_of_sample.png)"]

@@ -204,6 +204,36 @@ def out_of_sample(
   return result
 
 
+def other_warm_start(
+  fit: dict[str, Any],
+  gate_records: Sequence[dict[str, Any]],
+  train_records: dict[int, Sequence[dict[str, Any]]],
+  config: config_lib.ExperimentConfig,
+) -> dict[str, Any]:
+  """`fit` (an `out_of_sample` result: κ and the trend's slopes from one seed of one warm start)
+  predicting the training case rates of every run of *another* warm start. Only what a warm start
+  fixes is re-read: its own step-0 game (its gates' rollout) is the ODE's start and the step-0 and
+  trend predictors' intercept; κ and the slopes carry over unchanged. Drafts held only: the moving
+  drafts' input is the fit seed's own P(x right) trajectory, which belongs to the other warm start."""
+  fallback = config.rollout.invalid_decision_action
+  games = line_games(gate_records, fallback)
+  last = max(max(r["step"] for r in rs) for rs in train_records.values())
+  ode = predictor(games, config.loss, _KAPPAS[-1] * (last + 1))
+  step0 = ode(0.0, np.zeros(1))[0]
+  slopes = np.array([fit["trend_slopes"][c] for c in game.CASES])
+  rms = lambda pred, r: float(np.sqrt(np.mean((pred - r) ** 2)))
+  seeds = {}
+  for seed, rs in train_records.items():
+    c, r, _ = measured_rates(rs, fallback)
+    seeds[seed] = {
+      "ode_rmse": rms(ode(fit["kappa"], c), r),
+      "trend_rmse": rms(trend(step0, slopes, c), r),
+      "step0_rmse": rms(step0[None], r),
+    }
+  games_out = {line: _game_dict(g) for line, g in games.items()}
+  return {"kappa": fit["kappa"], "games": games_out, "seeds": seeds, "across_seeds": across_seeds(seeds)}
+
+
 def across_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, dict[str, Any]]:
   """Mean over the predicted seeds of each RMS error and of the paired differences ODE − trend and
   ODE − step0 (negative: the ODE predicts better), each with its Student-t 95% interval (None
@@ -214,7 +244,8 @@ def across_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, dict[str, A
   series = {name: [r[name] for r in rows] for name in rows[0]}
   for ode in ("ode_rmse", "ode_drafts_rmse"):
     for other in ("trend_rmse", "step0_rmse"):
-      series[f"{ode} - {other}"] = [r[ode] - r[other] for r in rows]
+      if ode in series:
+        series[f"{ode} - {other}"] = [r[ode] - r[other] for r in rows]
   return {
     name: {
       "mean": float(np.mean(v)),
@@ -261,16 +292,36 @@ def _figure(measured, predict, kappa, step0, fit_seed, figure_dir) -> str:
   return path
 
 
-def for_workdir(workdir: str, config: config_lib.ExperimentConfig, arm: str, seeds: Sequence[int]):
-  """`out_of_sample` for one DPA-GRPO arm of a testbed workdir; None until seed 0 and another
-  seed have run."""
-  gate_path = os.path.join(workdir, "gates", "records.jsonl")
+def _finished(workdir: str, arm: str, seeds: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+  """{seed: training records} of the arm's finished runs in a testbed workdir."""
   train = {}
   for seed in seeds:
     path = os.path.join(testbed_arms.run_dir(workdir, arm, seed), "records", "train.jsonl")
     if os.path.exists(os.path.join(testbed_arms.run_dir(workdir, arm, seed), "summary.json")):
       train[seed] = list(rundir.read_jsonl(path))
+  return train
+
+
+def for_workdir(
+  workdir: str,
+  config: config_lib.ExperimentConfig,
+  arm: str,
+  seeds: Sequence[int],
+  other_workdir: str = "",
+):
+  """`out_of_sample` for one DPA-GRPO arm of a testbed workdir; None until seed 0 and another
+  seed have run. `other_workdir`: a testbed workdir of the same arm from another warm start (e.g.
+  `--config.warm_start.seed=1`), whose finished runs the fit also predicts (`other_warm_start`,
+  under "other_warm_start")."""
+  gate_path = os.path.join(workdir, "gates", "records.jsonl")
+  train = _finished(workdir, arm, seeds)
   if not os.path.exists(gate_path) or 0 not in train or len(train) < 2:
     return None
   arm_cfg = testbed_arms.arm_config(config, testbed_arms.ALL_ARMS[arm], 0, "")
-  return out_of_sample(list(rundir.read_jsonl(gate_path)), train, arm_cfg, os.path.join(workdir, "figures"))
+  out = out_of_sample(list(rundir.read_jsonl(gate_path)), train, arm_cfg, os.path.join(workdir, "figures"))
+  other_gates = os.path.join(other_workdir, "gates", "records.jsonl")
+  other = _finished(other_workdir, arm, seeds) if other_workdir else {}
+  if other and os.path.exists(other_gates):
+    out["other_warm_start"] = other_warm_start(out, list(rundir.read_jsonl(other_gates)), other, arm_cfg)
+    out["other_warm_start"]["workdir"] = other_workdir
+  return out

@@ -30,6 +30,13 @@ _SEEDS = flags.DEFINE_list(
   "seeds", [], f"Seeds of every arm; empty: the preset's (v1 {list(testbed.SEEDS)}, testbed_v2 0-8)."
 )
 
+_OTHER = flags.DEFINE_string(
+  "other_warm_start",
+  "",
+  "A testbed work directory of the same preset from another warm start (--config.warm_start.seed=1); "
+  "the report's ODE, fitted on this one's seed 0, also predicts its runs (docs/theory.md).",
+)
+
 
 def main(argv):
   del argv
@@ -47,7 +54,14 @@ def main(argv):
   sharding.initialize_distributed()
   workdir = common.WORKDIR.value
   with common.work(f"testbed into {workdir}"):
-    testbed.run(config, workdir, arms=arms, seeds=seeds, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)
+    testbed.run(
+      config,
+      workdir,
+      arms=arms,
+      seeds=seeds,
+      allow_config_change=common.ALLOW_CONFIG_CHANGE.value,
+      other_warm_start=_OTHER.value,
+    )
   with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
     print(f.read())
 
