@@ -74,32 +74,18 @@ def test_out_of_sample_fits_on_one_seed_and_scores_the_others(tmp_path):
   # The report's section renders every predictor and the paired differences.
   md = "\n".join(testbed_report.ode_markdown(out, "DPA-GRPO"))
   assert "trend (8 slopes)" in md and "ode − trend" in md and "| 3 |" in md
-
-
-def test_another_warm_start_is_predicted_from_its_own_game_with_the_fit_carried_over(tmp_path):
-  """κ and the trend's slopes carry over; the step-0 game is the other warm start's own. Given the
-  fit's own gates and runs, the prediction reproduces the fit's numbers; given another game, the
-  step-0 predictor's error is that game's."""
-  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed").to_dict())
-  rng = random.Random(2)
-  lines = ("1a", "25d", "12")
-  gate = [_record(rng, line, 0, 0.5, 0.6, 0.4) for line in lines for _ in range(200)]
-  train = {
-    seed: [_record(rng, line, step, 0.5, 0.6 + 0.02 * step, 0.4) for step in range(1, 16) for line in lines
-           for _ in range(24)]
-    for seed in (0, 1)
-  }  # fmt: skip
-  fit = testbed_theory.out_of_sample(gate, train, config, str(tmp_path))
-  same = testbed_theory.other_warm_start(fit, gate, {0: train[0]}, config)
-  assert same["seeds"][0]["ode_rmse"] == pytest.approx(fit["fit_rmse"])
-  assert same["seeds"][0]["trend_rmse"] == pytest.approx(fit["fit_rmse_trend"])
-  gate2 = [_record(rng, line, 0, 0.8, 0.3, 0.1) for line in lines for _ in range(200)]
-  other = testbed_theory.other_warm_start(fit, gate2, train, config)
-  assert other["games"]["1a"]["p_x_right"] != fit["games"]["1a"]["p_x_right"]
-  assert set(other["seeds"]) == {0, 1} and other["kappa"] == fit["kappa"]
+  # Another warm start: κ and the slopes carry over, the step-0 game is its own. Given the fit's
+  # own gates and seed, the fit's numbers come back; given another game, step-0's error is that game's.
+  same = testbed_theory.other_warm_start(out, gate, {0: train[0]}, config)
+  assert same["seeds"][0]["ode_rmse"] == pytest.approx(out["fit_rmse"])
+  assert same["seeds"][0]["trend_rmse"] == pytest.approx(out["fit_rmse_trend"])
+  gate2 = [_record(rng, line, 0, 0.8, 0.3, 0.1) for line in ("1a", "25d", "12") for _ in range(200)]
+  other = testbed_theory.other_warm_start(out, gate2, {0: train[0], 1: train[1]}, config)
+  assert other["games"]["1a"]["p_x_right"] != out["games"]["1a"]["p_x_right"]
+  assert other["kappa"] == out["kappa"]
   assert other["seeds"][0]["step0_rmse"] > same["seeds"][0]["step0_rmse"]  # the wrong game for these runs
   assert "ode_rmse - trend_rmse" in other["across_seeds"] and "ode_drafts_rmse" not in other["across_seeds"]
-  md = "\n".join(testbed_report.ode_markdown(dict(fit, other_warm_start=dict(other, workdir="/ws2")), "D"))
+  md = "\n".join(testbed_report.ode_markdown(dict(out, other_warm_start=dict(other, workdir="/ws2")), "D"))
   assert "Another warm start (`/ws2`)" in md and "ode − trend" in md
 
 
