@@ -445,25 +445,26 @@ def _v2_predictions(
       if np.isfinite(d):
         diffs.append(d)
         ran.append(seed)
-    mean, (low, high), verdict = across_seeds(diffs, direction)
-    summary["predictions"][pid] = {
-      "statement": text, "seeds": ran, "differences": diffs,
-      "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},
-    }  # fmt: skip
-    md.append(f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | **{verdict}** |")
+    md.append(_judged_row(summary, pid, text, ran, diffs, direction))
   health = summary.get("training_health", {})
   for pair, suffix in V2_PAIRS.items():
     for pid, text, arm in V2_FORMAT_PREDICTIONS.get(suffix, ()) if set(pair) & set(arms) else ():
       by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
       ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
-      diffs = [by_seed[s] for s in ran]
-      mean, (low, high), verdict = across_seeds(diffs, "up")
-      summary["predictions"][pid] = {
-        "statement": text, "seeds": ran, "differences": diffs,
-        "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},
-      }  # fmt: skip
-      md.append(f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | **{verdict}** |")
+      md.append(_judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up"))
   return md
+
+
+def _judged_row(
+  summary: dict[str, Any], pid: str, text: str, seeds: list[int], diffs: list[float], direction
+) -> str:
+  """One v2 row judged by the across-seed rule: into `summary["predictions"]`; its markdown line."""
+  mean, (low, high), verdict = across_seeds(diffs, direction)
+  summary["predictions"][pid] = {
+    "statement": text, "seeds": seeds, "differences": diffs,
+    "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},
+  }  # fmt: skip
+  return f"| {pid} | {text} | {len(diffs)} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] | **{verdict}** |"
 
 
 def write(
