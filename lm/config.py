@@ -37,6 +37,12 @@ class ModelConfig:
       this many, an online softmax over key blocks of this many), so memory grows linearly with
       the length instead of with its square; shorter ones run the plain computation unchanged.
       Not a property of the checkpoint (not read from or written to config.json).
+    unroll_layers: a model of at most this many layers runs its layer loop unrolled in training
+      and scoring (`lm.model.decoder_stack`); a deeper one scans over the stacked weights, so
+      its compile time does not grow with depth (every Qwen preset: 28 layers and more). Unrolled,
+      XLA schedules straight-line code without the scan's stacked residual buffers and per-layer
+      slices: 1.08–1.17× the train step of rl_bench's 4-layer model on CPU
+      (docs/results/2026-12-03-rl-bench.md). 0 always scans. Not a property of the checkpoint.
   """
 
   vocab_size: int
@@ -57,6 +63,7 @@ class ModelConfig:
   eos_token_ids: tuple[int, ...] = (151_645, 151_643)
   pad_token_id: int | None = 151_643
   attention_block: int = 1024
+  unroll_layers: int = 8
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -69,6 +76,8 @@ class ModelConfig:
       raise ValueError(f"model_type must be 'qwen2' or 'qwen3', got {self.model_type!r}")
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
+    if self.unroll_layers < 0:
+      raise ValueError(f"unroll_layers must be >= 0, got {self.unroll_layers}")
 
   def context_limit(self, limit: int | None = None) -> int:
     """Most prompt + generated tokens per sequence: the positions, or `limit` if smaller."""
