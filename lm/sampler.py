@@ -603,7 +603,9 @@ def _generate_fn(
       step = state.step
       keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
       token = sample_token(state.logits, keys, temperature, top_p, top_k)  # [B]
-      logprob = jnp.take_along_axis(jax.nn.log_softmax(state.logits), token[:, None], axis=1)[:, 0]
+      # The token's log-prob without the [B, V] log-softmax: its logit less the row's log-sum-exp.
+      chosen = jnp.take_along_axis(state.logits, token[:, None], axis=1)[:, 0]
+      logprob = chosen - jax.nn.logsumexp(state.logits, axis=-1)
       is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
       recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
       hit_stop = jnp.any(
@@ -757,6 +759,21 @@ def _stop_match_length(out: Array, length: Array, stop: Array) -> Array:
   return jnp.max(lengths, axis=1)
 
 
+def first_argmax(logits: Array) -> Array:
+  """`jnp.argmax(logits, axis=-1)` [B] int32 (the first index of each row's largest entry) as two
+  plain reductions, a max and a min of indices where the row equals it.
+
+  Why: XLA:CPU lowers argmax to one reduction over (value, index) pairs, which it does not
+  vectorise: 0.83 ms a decode step over [8, 32,000] logits at benchmarks/sampler_bench.py's shape
+  (a), 7% of the step (docs/results/2026-12-03-sampler-bench.md). A row of NaNs (where argmax gives
+  the first NaN) gives the last index instead.
+  """
+  vocab = logits.shape[-1]
+  best = jnp.max(logits, axis=-1, keepdims=True)  # [B, 1]
+  index = jnp.where(logits == best, jnp.arange(vocab, dtype=jnp.int32), vocab)  # [B, V]
+  return jnp.minimum(jnp.min(index, axis=-1), vocab - 1)
+
+
 def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, top_k: Array) -> Array:
   """Draws one token per row [B] from logits [B, V] with per-row parameters.
 
@@ -765,7 +782,7 @@ def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, t
   which needs a random number per vocabulary entry. Top-k / top-p masks are computed only when
   some row asks for them (a full-vocabulary sort is otherwise the costliest op of a step).
   """
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  greedy = first_argmax(logits)
 
   def draw(_):
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]

@@ -109,6 +109,13 @@ def test_stop_sequences_end_rows_early(checkpoint):
   np.testing.assert_allclose(out.logprobs[2][0], free.logprobs[2][0][:cut], atol=1e-6)
 
 
+def test_first_argmax_is_argmax_with_ties_to_the_first_index():
+  logits = jax.random.normal(jax.random.key(0), (6, 50))
+  logits = logits.at[1].set(0.0).at[2, 7].set(9.0).at[2, 31].set(9.0).at[3, 49].set(jnp.inf)  # ties, inf
+  np.testing.assert_array_equal(sampler_lib.first_argmax(logits), jnp.argmax(logits, axis=-1))
+  assert sampler_lib.first_argmax(logits).dtype == jnp.int32
+
+
 def test_top_k_and_top_p_never_emit_excluded_tokens():
   logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.1, 0.06, 0.04]] * 3, jnp.float32))
   keys = jax.random.split(jax.random.key(0), 2000)
