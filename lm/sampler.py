@@ -794,7 +794,7 @@ def sample_token(logits: Array, keys: Array, temperature: Array, top_p: Array, t
     token = jnp.sum(cdf <= u[:, None], axis=-1)
     # Never land on a zero-probability entry (u can equal a plateau of the CDF).
     token = jnp.minimum(token, logits.shape[-1] - 1)
-    first_allowed = jnp.argmax(probs > 0, axis=-1)
+    first_allowed = first_argmax(probs > 0)
     return jnp.where(jnp.take_along_axis(probs, token[:, None], 1)[:, 0] > 0, token, first_allowed)
 
   drawn = jax.lax.cond(jnp.all(temperature <= 0.0), lambda _: greedy, draw, None).astype(jnp.int32)
