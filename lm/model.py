@@ -476,18 +476,24 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
   product's own order and transposing after, and XLA:CPU folds that transpose into the
   elementwise fusion that makes the cotangent (the MLP's SiLU backward), which then writes a
   [F, B·T] array column by column. In a profile of the rl_bench train step (4 layers × 256,
-  8 rows × 256 tokens a chunk) two such fusions took 15% of the step
+  8 rows × 256 tokens a chunk) two such fusions took 9% of the step
   (docs/results/2026-12-03-rl-bench.md). Asking for each gradient as its own einsum,
   `ct, b -> a` and `a, ct -> b`, lets XLA contract into the layout it wants (the step ran
   1.15× faster, the same loss and gradient); on TPU and GPU both forms are the same
   contractions. Needs every axis of each operand in the output or in the other operand (a
   projection's, an attention product's); any other spec is plain `jnp.einsum`.
   """
-  operands, out = spec.split("->")
-  a_axes, b_axes = operands.split(",")
+  a_axes, b_axes, out = _einsum_axes(spec)
   if set(a_axes) - set(out + b_axes) or set(b_axes) - set(out + a_axes):
     return jnp.einsum(spec, a, b)
   return _einsum_vjp(spec, a, b)
+
+
+def _einsum_axes(spec: str) -> tuple[str, str, str]:
+  """A two-operand spec's axes: ("btd", "dnh", "btnh") for "btd,dnh->btnh"."""
+  operands, out = spec.split("->")
+  a_axes, b_axes = operands.split(",")
+  return a_axes, b_axes, out
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -501,8 +507,7 @@ def _einsum_fwd(spec: str, a: Array, b: Array) -> tuple[Array, tuple[Array, Arra
 
 def _einsum_bwd(spec: str, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
   a, b = residuals
-  operands, out = spec.split("->")
-  a_axes, b_axes = operands.split(",")
+  a_axes, b_axes, out = _einsum_axes(spec)
   da = jnp.einsum(f"{out},{b_axes}->{a_axes}", ct, b)
   db = jnp.einsum(f"{a_axes},{out}->{b_axes}", a, ct)
   return da.astype(a.dtype), db.astype(b.dtype)
@@ -522,8 +527,7 @@ def project(spec: str, x: Array, w: dict[str, Array], name: str, dtype: Any) -> 
   out = einsum(spec, x, w[name].astype(dtype))
   if name + "_lora_a" not in w:
     return out
-  operands, out_axes = spec.split("->")
-  x_axes, w_axes = operands.split(",")
+  x_axes, w_axes, out_axes = _einsum_axes(spec)
   kept = "".join(a for a in x_axes if a not in w_axes)  # the batch / sequence axes ("bt")
   contracted = "".join(a for a in w_axes if a in x_axes)
   produced = "".join(a for a in w_axes if a not in x_axes)
