@@ -29,6 +29,7 @@ WEIGHTINGS = ("pair", "policy")
 DECISION_REWARDS = ("outcome", "shaped")
 CASE_CLASSES = ("case", "case_id")
 AGGREGATES = ("mean", "sum")
+PAIR_ACTIONS = ("reply_prefix", "reference_stub")
 UPDATE_SCHEDULES = ("step", "case")
 BASELINE_MODES = ("library", "reference")
 FAMILIES = ("forms", "copycheck")
@@ -130,6 +131,12 @@ class LossConfig:
     revision_filter: unparsable revisions leave the revise group; a group with fewer than two
       left, or whose rewards all agree, is skipped (`packing.revision_items`).
     skip_verifier_on_invalid_draft: no verifier pair on units whose draft x is unparsable.
+    pair_actions: the canonical strings both pairs score. "reply_prefix" (ours until testbed v3):
+      `{"verdict": "correct"}` / `{"verdict": "wrong"}` and `{"decision": "KEEP"}` / ... — exact
+      prefixes of the replies the roles sample, so the pair loss moves the sampled replies' own
+      tokens. "reference_stub" (the reference code's `updates.py`): `{"target_line": L,
+      "decision": "SAC"|"NO_SAC"}` and `{"target_line": L, "decision": "KEEP"|"REVISE"}`, a schema
+      the verifier never samples (`game.pair_strings`).
   Memory (`launch.plan` picks them per target; docs/scale.md):
     remat: each decoder layer's rematerialisation in the backward pass, one of
       `lm.model.REMAT_POLICIES` ("none"; "dots_saveable": matmul outputs kept; "full": only the
@@ -160,6 +167,7 @@ class LossConfig:
   revision_weight: float = 0.0
   revision_filter: bool = False
   skip_verifier_on_invalid_draft: bool = False
+  pair_actions: str = "reply_prefix"
   remat: str = "none"
 
   def __post_init__(self):
@@ -188,6 +196,8 @@ class LossConfig:
       )
     if self.revision_weight < 0:
       raise ValueError(f"loss.revision_weight must be >= 0, got {self.revision_weight}")
+    if self.pair_actions not in PAIR_ACTIONS:
+      raise ValueError(f"loss.pair_actions must be one of {PAIR_ACTIONS}, got {self.pair_actions!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

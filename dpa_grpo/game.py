@@ -97,6 +97,22 @@ VERIFIER_PAIR = (render_verdict("correct"), render_verdict("wrong"))  # [NS, SAC
 GENERATOR_PAIR = (render_decision(KEEP), render_decision(REVISE))  # [KEEP, REVISE]
 
 
+def pair_strings(line_id: str, style: str) -> tuple[tuple[str, str], tuple[str, str]]:
+  """(verifier [NS, SAC], generator [KEEP, REVISE]) canonical strings of one unit's pairs.
+
+  "reply_prefix": `VERIFIER_PAIR` / `GENERATOR_PAIR`, prefixes of the replies the roles sample.
+  "reference_stub": the reference code's `{"target_line": L, "decision": ...}` stubs (`updates.py`,
+  `json.dumps(..., ensure_ascii=False)`), a schema neither role samples, so the pair loss never
+  touches a sampled reply's tokens.
+  """
+  if style == "reply_prefix":
+    return VERIFIER_PAIR, GENERATOR_PAIR
+  if style != "reference_stub":
+    raise ValueError(f"pair style must be 'reply_prefix' or 'reference_stub', got {style!r}")
+  stub = lambda decision: json.dumps({"target_line": line_id, "decision": decision}, ensure_ascii=False)
+  return (stub("NO_SAC"), stub("SAC")), (stub("KEEP"), stub("REVISE"))
+
+
 @dataclasses.dataclass(frozen=True)
 class VerifierReply:
   """A parsed verifier reply.

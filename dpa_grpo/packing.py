@@ -149,7 +149,8 @@ def revision_items(units: Sequence[rollout.Unit], loss: config_lib.LossConfig) -
 def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossConfig) -> dict[str, list[Item]]:
   """Each role's items: verdict pairs for every unit; decision and proposal pairs after a SAC.
 
-  Verifier: [NS, SAC] canonical strings on the verifier prompt, rewards [S_x, 1 − S_x] (none on a
+  Verifier: [NS, SAC] canonical strings (`game.pair_strings` of `loss.pair_actions`) on the
+  verifier prompt, rewards [S_x, 1 − S_x] (none on a
   unit whose draft is unparsable under `skip_verifier_on_invalid_draft`).
   Generator: [KEEP, REVISE] canonical strings on the decision prompt, rewards `decision_rewards`
   with the update's `balance_bonus`, weighted by `case_weights` over the update's SAC'd units (none
@@ -160,9 +161,14 @@ def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossCon
   revision_weight > 0). An invalid reply adds an item whose first row is that reply, penalised
   (component −1).
   """
-  encode = tokenizer.encode
-  verdict_pair = tuple(encode(s) for s in game.VERIFIER_PAIR)
-  decision_pair = tuple(encode(s) for s in game.GENERATOR_PAIR)
+  encoded: dict[str, tuple[list[int], list[int]]] = {}
+
+  def pairs(line_id: str):  # (verifier, generator) token ids of the unit's canonical pairs
+    if line_id not in encoded:
+      strings = game.pair_strings(line_id, loss.pair_actions)
+      encoded[line_id] = tuple(tuple(tokenizer.encode(s) for s in pair) for pair in strings)
+    return encoded[line_id]
+
   penalty = loss.invalid_penalty
   challenged = [u for u in units if u.challenged]
   keys = [case_key(u.case, loss.case_weight_by) for u in challenged]
@@ -172,6 +178,7 @@ def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossCon
   items: dict[str, list[Item]] = {"verifier": [], "generator": []}
   for u in units:
     sx = float(u.x_right)
+    verdict_pair, decision_pair = pairs(u.line_id)
     verify_ids = u.verdict.prompt_ids
     if not (loss.skip_verifier_on_invalid_draft and u.draft.amount is None):
       items["verifier"].append(

@@ -39,6 +39,7 @@ class Arm:
   loss: dict[str, Any] = dataclasses.field(default_factory=dict)
   baseline_mode: str = "library"
   rollout: dict[str, Any] = dataclasses.field(default_factory=dict)
+  optim: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 ARMS = {
@@ -91,8 +92,29 @@ V2_K3_ARMS = {
   )
   for a in V2_ARMS.values()
 }
+# The collapse ablations registered on 2026-12-03 (docs/dpa_grpo.md, "Testbed v2: the collapse
+# ablations", before any of their runs): v2's two arms with one of our choices that the reference
+# code does not make undone at a time. Suffix -> (what it changes, loss keys, optimiser keys).
+V2_ABLATIONS = {
+  "a1": ("no penalty on unparsable replies", dict(invalid_penalty=0.0), {}),
+  "a2": (
+    "the reference's pair stubs (detached from the sampled reply)",
+    dict(pair_actions="reference_stub"),
+    {},
+  ),
+  "a3": ("exact two-action KL with policy weighting", dict(kl="exact", weighting="policy"), {}),
+  "a4": ("learning rate 1e-4", {}, dict(lr=1e-4)),
+  "a5": ("a1 and a2 together", dict(invalid_penalty=0.0, pair_actions="reference_stub"), {}),
+}
+V2_ABLATION_ARMS = {
+  f"{a.name}_{suffix}": dataclasses.replace(
+    a, name=f"{a.name}_{suffix}", label=f"{a.label}; {what}", loss=dict(a.loss, **loss), optim=optim
+  )
+  for suffix, (what, loss, optim) in V2_ABLATIONS.items()
+  for a in V2_ARMS.values()
+}
 V2_SEEDS = tuple(range(9))
-ALL_ARMS = {**ARMS, **V2_ARMS, **V2_K3_ARMS}
+ALL_ARMS = {**ARMS, **V2_ARMS, **V2_K3_ARMS, **V2_ABLATION_ARMS}
 
 
 def is_v2(config: config_lib.ExperimentConfig) -> bool:
@@ -116,6 +138,7 @@ def arm_config(config: config_lib.ExperimentConfig, arm: Arm, seed: int, checkpo
     loss=dataclasses.replace(c.loss, **arm.loss),
     baseline=dataclasses.replace(c.baseline, mode=arm.baseline_mode),
     rollout=dataclasses.replace(c.rollout, **arm.rollout),
+    optim=dataclasses.replace(c.optim, **arm.optim),
   )
 
 

@@ -107,9 +107,23 @@ V2_CONTROLS = (
 # before it ran): R1-R6 and C1-C2 on the k3 pair (ids suffixed "k3"), and F1k3 / F2k3, each arm's
 # share of training verdicts that parse in the last fifth of its steps against FORMAT_BOUND (the
 # per-seed difference share − bound, "up"). A pair is judged when one of its arms is in the report.
-V2_PAIRS = {("dpa_paper", "proposal_only"): "", ("dpa_paper_k3", "proposal_only_k3"): "k3"}
+V2_PAIRS = {
+  ("dpa_paper", "proposal_only"): "",
+  ("dpa_paper_k3", "proposal_only_k3"): "k3",
+  **{(f"dpa_paper_{s}", f"proposal_only_{s}"): s for s in testbed_arms.V2_ABLATIONS},
+}
 FORMAT_BOUND = 0.9
 V2_FORMAT_PREDICTIONS = {
+  # The collapse ablations (registered 2026-12-03, before their runs): each arm keeps the format.
+  **{
+    s: (
+      (f"F1{s}", f"verdicts still parse in the last fifth under DPA-GRPO ({what}): share − 0.9",
+       f"dpa_paper_{s}"),
+      (f"F2{s}", f"verdicts still parse in the last fifth under the ablation ({what}): share − 0.9",
+       f"proposal_only_{s}"),
+    )
+    for s, (what, _, _) in testbed_arms.V2_ABLATIONS.items()
+  },
   "k3": (
     ("F1k3", "verdicts still parse in the last fifth of training under DPA-GRPO (k3): share − 0.9",
      "dpa_paper_k3"),
