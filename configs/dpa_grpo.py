@@ -272,6 +272,7 @@ def _reference_training(c: ml_collections.ConfigDict) -> None:
     skip_verifier_on_invalid_draft=True,
     proposal_weight=0.0,
     invalid_penalty=0.0,
+    pair_actions="reference_stub",  # {"target_line": L, "decision": ...}, never a sampled reply's prefix
   )
   c.baseline.mode = "reference"
   # The reference's baseline scripts (scripts/training_filer_only*.sh): 20 steps of 5 cases,

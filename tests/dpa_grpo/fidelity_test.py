@@ -42,6 +42,7 @@ def test_cpu_presets_resolve_to_todays_training(preset):
   assert c.loss.case_weight_by == "case"
   assert c.loss.aggregate == "mean" and c.loss.verifier_weight == 1.0
   assert c.loss.proposal_weight == 1.0 and c.loss.invalid_penalty == 0.1
+  assert c.loss.pair_actions == "reply_prefix"
   assert not c.rollout.missing_as_zero and c.rollout.context == "submitted"
   assert (
     c.rollout.keep_rule == "majority"
@@ -69,6 +70,7 @@ def test_paper_presets_train_as_the_reference_code(preset):
   assert c.loss.case_weight_by == "case_id" and c.loss.case_weight_power == 1.0
   assert c.loss.aggregate == "sum" and c.loss.verifier_weight == 0.5
   assert c.loss.proposal_weight == 0.0 and c.loss.invalid_penalty == 0.0
+  assert c.loss.pair_actions == "reference_stub"
   assert c.loss.kl == "k1" and c.loss.weighting == "pair" and c.loss.beta == 0.04
   assert c.rollout.missing_as_zero and c.rollout.context == "draft" and c.rollout.keep_rule == "first"
   assert (c.rollout.max_new_tokens, c.rollout.verdict_tokens, c.rollout.decision_tokens) == (2048, 2048, 256)
