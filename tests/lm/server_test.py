@@ -18,16 +18,8 @@ import pytest
 from configs import serve as serve_config
 from lm import lora, scoring
 from lm.generators import GenerationParams, OpenAIGenerator
-from lm.server import (
-  ApiError,
-  OpenAIServer,
-  ServerConfig,
-  _Batcher,
-  _Entry,
-  _Job,
-  server_from_config,
-  text_pieces,
-)
+from lm.server import ApiError, OpenAIServer, ServerConfig, server_from_config, text_pieces
+from lm.server.batcher import Batcher, Entry, Job
 from tests.lm.generator_helpers import CHAT_WORDS, MAX_TOKENS, N, make_tiny_generator, single_token_stop
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
@@ -302,11 +294,11 @@ class _FlakyGenerator:
 
 
 def _batcher(generator, **overrides):
-  return _Batcher(generator, ServerConfig(**{"batch_window_s": 0.2, **overrides}))
+  return Batcher(generator, ServerConfig(**{"batch_window_s": 0.2, **overrides}))
 
 
 def _job(prompt, max_tokens=MAX_TOKENS, n=N):
-  return _Job([prompt], n, GenerationParams(max_tokens=max_tokens, seed=1), False)
+  return Job([prompt], n, GenerationParams(max_tokens=max_tokens, seed=1), False)
 
 
 def test_a_failing_batch_is_rerun_per_request_so_only_the_failing_one_errs(generator):
@@ -349,9 +341,9 @@ def test_fair_batches_put_small_requests_before_and_apart_from_large_ones(genera
   try:
     with starved._cv:  # queue directly, then select as the worker would: cost order, then starvation
       for job in (_job("large", max_tokens=16), _job("s1", max_tokens=2), _job("s2", max_tokens=2)):
-        starved._pending.append(_Entry(job, None, len(starved._pending), 0.0))
+        starved._pending.append(Entry(job, None, len(starved._pending), 0.0))
       assert [e.job.prompts for e in starved._select()] == [["s1"], ["s2"]]
-      starved._pending.append(_Entry(_job("s3", max_tokens=2), None, 3, 0.0))  # cheaper, but newer
+      starved._pending.append(Entry(_job("s3", max_tokens=2), None, 3, 0.0))  # cheaper, but newer
       assert [e.job.prompts for e in starved._select()] == [["large"]]  # passed over once: it leads
       assert [e.job.prompts for e in starved._select()] == [["s3"]]
   finally:
@@ -365,9 +357,9 @@ def test_large_requests_run_in_separate_batches_so_a_newcomer_waits_for_one(gene
   try:
     with batcher._cv:
       for i, job in enumerate((_job("big a", max_tokens=16, n=4), _job("big b", max_tokens=16, n=4))):
-        batcher._pending.append(_Entry(job, None, i, 0.0))  # cost 64 each
+        batcher._pending.append(Entry(job, None, i, 0.0))  # cost 64 each
       assert [e.job.prompts for e in batcher._select()] == [["big a"]]
-      batcher._pending.append(_Entry(_job("newcomer", max_tokens=4), None, 2, 0.0))
+      batcher._pending.append(Entry(_job("newcomer", max_tokens=4), None, 2, 0.0))
       assert [e.job.prompts for e in batcher._select()] == [["newcomer"]]
       assert [e.job.prompts for e in batcher._select()] == [["big b"]]
   finally:
