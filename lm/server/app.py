@@ -190,22 +190,22 @@ class OpenAIServer:
     """The events of a streamed job: chunks as its tokens arrive (`update`, then `updates` until
     None, the batch's end), then its ending (or its error)."""
     stream = responses.ChunkStream(job, self.generator.tokenizer)
-    for event in stream.opening():
-      yield event
+    # The events of one update leave in one write: an update holds up to `stream_every` tokens of
+    # a sample, and a write per event would cost a send per token.
+    if opening := b"".join(stream.opening()):
+      yield opening
     while update is not None:
-      for event in stream.tokens(*update):
-        yield event
+      if events := b"".join(stream.tokens(*update)):
+        yield events
       update = await updates.get()
     error = future.exception()
     if error is not None:
       error = (
         error if isinstance(error, ApiError) else ApiError(500, f"internal error: {type(error).__name__}")
       )
-      for event in stream.failed(error):
-        yield event
+      yield b"".join(stream.failed(error))
       return
-    for event in stream.closing(future.result()):
-      yield event
+    yield b"".join(stream.closing(future.result()))
 
   def job(self, request: CompletionRequest | ChatCompletionRequest, *, listener=None) -> Job:
     """The batcher's job for a validated request (404 for a model not served here). A streamed
@@ -223,9 +223,7 @@ class OpenAIServer:
       top_k=max(0, request.top_k),
       stop=request.stop,
       seed=seed,
-      enable_thinking=request.chat_template_kwargs.enable_thinking
-      if chat and request.chat_template_kwargs
-      else None,
+      enable_thinking=request.chat_template_kwargs.enable_thinking if chat else None,
       logprobs=request.logprobs if chat else request.logprobs == 0,
     )
     prompts = [[m.model_dump() for m in request.messages]] if chat else list(request.prompt)

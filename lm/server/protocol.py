@@ -356,7 +356,7 @@ class ChatCompletionRequest(_Request):
   messages: list[Message]
   max_completion_tokens: int | None = None
   logprobs: bool = False
-  chat_template_kwargs: ChatTemplateKwargs | None = None
+  chat_template_kwargs: ChatTemplateKwargs = ChatTemplateKwargs()
 
   @pydantic.field_validator("messages")
   @classmethod

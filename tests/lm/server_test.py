@@ -18,8 +18,10 @@ import pytest
 from configs import serve as serve_config
 from lm import lora, scoring
 from lm.generators import GenerationParams, OpenAIGenerator
+from lm.sampler import _cut_stop_strings
 from lm.server import ApiError, OpenAIServer, ServerConfig, server_from_config, text_pieces
 from lm.server.batcher import Batcher, Entry, Job
+from lm.server.responses import TextPieces
 from tests.lm.generator_helpers import CHAT_WORDS, MAX_TOKENS, N, make_tiny_generator, single_token_stop
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
@@ -595,6 +597,16 @@ def test_text_pieces_join_to_the_text_and_cover_the_tokens(generator):
   ids = tokenizer.encode("stop here please")
   cut = text_pieces(tokenizer, ids, "stop he")  # a stop string cut inside a token
   assert "".join(p for p, _, _ in cut) == "stop he" and cut[-1][2] == len(ids)
+  # Streamed a token at a time with the stop string "re p": nothing of it goes out before the end,
+  # which gives the rest of the sample as the sampler cuts it.
+  tokens, _, text, hit = _cut_stop_strings(tokenizer, ids, [0.0] * len(ids), ["re p"])
+  streamed = TextPieces(tokenizer, stop=["re p"])
+  early = [piece for token in ids for piece in streamed.add([token])]
+  pieces = early + streamed.finish(tokens, text)
+  sent_early = "".join(p for p, _, _ in early)
+  assert hit and text == "stop he" and sent_early and text.startswith(sent_early)
+  assert "".join(p for p, _, _ in pieces) == text and pieces[-1][2] == len(tokens)
+  assert [lo for _, lo, _ in pieces] == [0] + [hi for _, _, hi in pieces[:-1]]
 
 
 def _score(generator, model, prompt_ids, completion_ids):
