@@ -1,4 +1,4 @@
-"""An OpenAI-compatible server over a local checkpoint (lm/server.py, docs/generators.md).
+"""An OpenAI-compatible server over a local checkpoint (lm/server/, docs/generators.md).
 
   python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/ckpt/Qwen3-0.6B
 
