@@ -1,4 +1,4 @@
-"""An OpenAI-compatible server over a local checkpoint (lm/server.py, docs/generators.md).
+"""An OpenAI-compatible server over a local checkpoint (lm/server/, docs/generators.md).
 
   python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/ckpt/Qwen3-0.6B
 
@@ -43,6 +43,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       body_timeout_s=30.0,
       keep_alive_s=5.0,
       max_loras=8,  # LoRA adapters loaded at once through /v1/load_lora_adapter
+      stream_every=16,  # decode steps per device call while a streamed request is in the batch
     )
   )
   if arg == "tiny":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -36,7 +37,7 @@ from lm import rundir, sharding
 from lm.config import ModelConfig
 from lm.hf import load_hf
 from lm.model import Qwen
-from lm.sampler import Sampler, SamplerConfig, per_prompt
+from lm.sampler import Sampler, SamplerConfig, TokenListener, per_prompt
 from lm.tokenizer import Tokenizer, load_tokenizer
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
@@ -167,7 +168,12 @@ class JaxGenerator:
     prompts: Sequence[Prompt],
     n: int | Sequence[int] = 1,
     params: GenerationParams | Sequence[GenerationParams] = GenerationParams(),
+    *,
+    on_tokens: TokenListener | None = None,
+    stream_every: int = 16,
   ) -> list[list[Generation]]:
+    """`TextGenerator.generate`; with `on_tokens`, also hands out each sample's tokens as they are
+    made, every `stream_every` decode steps (`lm.Sampler.generate`), prompts numbered as here."""
     ns = per_prompt(n, len(prompts), "n")
     ps = per_prompt(params, len(prompts), "params")
     ids = [self.encode(p, q) for p, q in zip(prompts, ps, strict=True)]
@@ -196,6 +202,8 @@ class JaxGenerator:
         seed=[seeds[i] for i in rows],
         eos_ids=self.tokenizer.eos_ids,
         stop=stop,
+        on_tokens=None if on_tokens is None else functools.partial(_renumbered, on_tokens, rows),
+        stream_every=stream_every,
       )
       self.sampler_calls += 1
       for r, i in enumerate(rows):
@@ -211,6 +219,11 @@ class JaxGenerator:
           for j in range(k)
         ]
     return results
+
+
+def _renumbered(on_tokens: TokenListener, rows: list[int], prompt: int, *rest) -> None:
+  """`on_tokens` for a sampler call over the prompts `rows` of a generate call."""
+  on_tokens(rows[prompt], *rest)
 
 
 # ---- OpenAI-compatible server ------------------------------------------------------------------

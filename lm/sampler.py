@@ -186,6 +186,8 @@ class Sampler:
     eos_ids: Sequence[int] = (),
     stop: Sequence[str | Sequence[int]] = (),
     seed: int | Sequence[int] = 0,
+    on_tokens: TokenListener | None = None,
+    stream_every: int = 16,
   ) -> SamplerOutput:
     """Samples `n` continuations of every prompt.
 
@@ -199,7 +201,14 @@ class Sampler:
       stop: stop sequences, as token-id lists or strings (strings need a tokenizer). Matching is
         on token ids on device (the string's own encoding) so rows stop early, then, for
         strings, on the decoded text, which also catches other tokenisations of the string.
+      on_tokens: called as tokens are made (a streaming server's hook), after the first token and
+        then every `stream_every` decode steps, with each sample's new tokens: one device program
+        per chunk of steps instead of one for the whole decode (`_Programs.streamed`). The tokens
+        are the device's, before the host cuts stop strings (and stop sequences' own tokens). The
+        result is the same either way.
     """
+    if stream_every < 1:
+      raise ValueError(f"stream_every must be >= 1, got {stream_every}")
     if not prompts:
       return SamplerOutput([], [], [], [], [] if self.tokenizer else None)
     if any(len(p) == 0 for p in prompts):
@@ -223,6 +232,7 @@ class Sampler:
     chunk = max(1, self.config.max_rows // n)
     for start in range(0, num, chunk):
       idx = slice(start, start + chunk)
+      listener = None if on_tokens is None else functools.partial(_shifted, on_tokens, start)
       self._generate_chunk(
         prompts[idx],
         {k: v[idx] for k, v in settings.items()},
@@ -231,6 +241,8 @@ class Sampler:
         stop_ids,
         stop_strings,
         out,
+        listener,
+        stream_every,
       )
     return out
 
@@ -313,9 +325,16 @@ class Sampler:
       return self.config.share_prefix
     return self.mesh is not None or jax.default_backend() != "cpu"
 
-  def _generate_chunk(self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput) -> None:
+  def _generate_chunk(
+    self, prompts, params, n, eos_ids, stop_ids, stop_strings, out: SamplerOutput, on_tokens, every
+  ) -> None:
     fn, inputs, num = self._prepare(prompts, params, n, eos_ids, stop_ids)
-    result = fn(self._state, self._head_dv, self._layer_weights, **inputs)
+    args = (self._state, self._head_dv, self._layer_weights)
+    if on_tokens is None:  # one program for the whole decode
+      result = fn(*args, **inputs)
+    else:
+      report = functools.partial(_report, on_tokens, n, num * n, [0] * (num * n))
+      result = fn.streamed(*args, every=every, report=report, **inputs)
     gen, logp, length, stopped = sharding_lib.to_host(result)  # every process gets every row
     for i in range(num):
       toks, lps, reasons, texts = [], [], [], []
@@ -438,6 +457,38 @@ def _cut_stop_strings(tokenizer, tokens, logprobs, stop_strings):
   return tokens[:keep], logprobs[:keep], text[:cut], True
 
 
+class TokenListener(Protocol):
+  """`Sampler.generate`'s `on_tokens`: sample `sample` of prompt `prompt` has made `token_ids` (with
+  their log-probs), its tokens `start`, `start + 1`, ... (`start` counts the tokens reported before)."""
+
+  def __call__(
+    self, prompt: int, sample: int, start: int, token_ids: list[int], logprobs: list[float]
+  ) -> None: ...
+
+
+def _shifted(on_tokens: TokenListener, first: int, prompt: int, *rest) -> None:
+  """`on_tokens` for a device call whose prompt 0 is the generate call's prompt `first`."""
+  on_tokens(first + prompt, *rest)
+
+
+def _report(
+  on_tokens: TokenListener, n: int, used: int, sent: list[int], loop: _SamplingState
+) -> tuple[int, bool]:
+  """Hands each of the first `used` rows' new tokens to `on_tokens` (`sent[r]`: row r's tokens so
+  far, updated); returns (steps taken, every row done) for `_Programs.streamed`."""
+  tokens, logprobs, step, done = sharding_lib.to_host((loop.tokens, loop.logprobs, loop.step, loop.done))
+  for r in range(used):
+    made = tokens[r, :step]
+    ended = np.flatnonzero(made < 0)  # -1 from EOS on
+    length = int(ended[0]) if ended.size else int(step)
+    if length > sent[r]:
+      on_tokens(
+        r // n, r % n, sent[r], made[sent[r] : length].tolist(), logprobs[r, sent[r] : length].tolist()
+      )
+      sent[r] = length
+  return int(step), bool(done.all())
+
+
 @struct.dataclass
 class _SamplingState:
   """The decode loop's carry, named (as tunix's and flax `examples/gemma`'s `_SamplingState`).
@@ -516,6 +567,23 @@ def _prefill_fn(graphdef, cache_dtype, gemm_threads: int, jit: bool):
   return jax.jit(prefill) if jit else prefill
 
 
+@struct.dataclass
+class _Rows:
+  """The per-row constants of one decode (B rows = prompts × n), beside its `_SamplingState`: built
+  once with the first token and passed unchanged to every chunk of a streamed decode."""
+
+  keys: Array  # [B] PRNG keys, `fold_in(key(seed), sample index)`
+  temperature: Array  # [B] float32
+  top_p: Array  # [B] float32
+  top_k: Array  # [B] int32
+  max_new: Array  # [B] int32
+  next_pos: Array  # [B] int32: the position of the first new token
+  key_mask: Array  # [B, S]: the prompt's padding (unless shared), then every generated slot
+  mask: Array  # [P, prompt]: the prompts' mask (a shared prefix's keys)
+  eos: Array  # [E] int32
+  stop: Array  # [Ns, W] int32 stop sequences, right-aligned, -1 padded
+
+
 @functools.lru_cache(maxsize=64)
 def _generate_fn(
   graphdef,
@@ -546,6 +614,11 @@ def _generate_fn(
   prompt read its prompt's KV cache, held once ([P, K, prompt, H] per layer), and hold only their own
   generated slots ([P·n, K, steps, H]; `lm.model.shared_prefix_attention`), instead of n copies of
   the whole cache ([P·n, K, prompt + steps, H]).
+
+  The decode is three pure parts, `begin` (the first token, from the prefill's logits), `advance`
+  (loop steps of one phase) and `finish` (lengths, stop sequences cut): `decode` runs them as one
+  program; a streamed call runs them as programs of their own (`_Programs.streamed`), `advance`
+  a chunk of steps at a time with the loop state carried, donated, between calls.
   """
   cpu = jax.default_backend() == "cpu"
   ends = phase_ends if cpu and mesh is None else (steps,)
@@ -553,33 +626,50 @@ def _generate_fn(
   weights_of = functools.partial(_weights_of, graphdef)
   head = functools.partial(_head, matmul=matmul)
 
+  def own_slots(prompt_len: int) -> int:  # a row's own cache slots before its first new token
+    return 0 if share_prefix else prompt_len
+
   def key_mask_of(mask):  # [P, S]: the prompt's padding (unless shared), then every generated slot
     generated = jnp.ones((mask.shape[0], steps), mask.dtype)
     return generated if share_prefix else jnp.concatenate([mask, generated], axis=1)
 
-  def generate(
-    state,
-    head_dv,
-    layer_weights,
-    cache,
-    last_logits,
-    tokens,
-    mask,
-    *,
-    temperature,
-    top_p,
-    top_k,
-    seed,
-    eos,
-    stop,
-    max_new,
-  ):
-    model, layer_weights = weights_of(state, layer_weights)
+  def choose(rows: _Rows, state: _SamplingState, logits: Array) -> _SamplingState:
+    """Token `state.step` of every row from its logits [B, V], and the bookkeeping after it."""
+    step = state.step
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(rows.keys, step)
+    token = sample_token(logits, keys, rows.temperature, rows.top_p, rows.top_k)  # [B]
+    # The token's log-prob without the [B, V] log-softmax: its logit less the row's log-sum-exp.
+    chosen = jnp.take_along_axis(logits, token[:, None], axis=1)[:, 0]
+    logprob = chosen - jax.nn.logsumexp(logits, axis=-1)
+    is_eos = jnp.any(token[:, None] == rows.eos[None, :], axis=1)
+    recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
+    stop = rows.stop
+    hit_stop = jnp.any(
+      jnp.all((recent[:, None, :] == stop[None]) | (stop[None] < 0), axis=2)
+      & jnp.any(stop >= 0, axis=1)[None],
+      axis=1,
+    )
+    live = ~state.done
+    return state.replace(
+      step=step + 1,
+      token=token,
+      done=state.done | is_eos | hit_stop | (step + 1 >= rows.max_new),
+      tokens=state.tokens.at[:, step].set(jnp.where(live & ~is_eos, token, -1)),
+      logprobs=state.logprobs.at[:, step].set(jnp.where(live, logprob, 0.0)),
+      recent=recent,
+      stopped=state.stopped | (live & (is_eos | hit_stop)),
+    )
+
+  def begin(
+    state, head_dv, layer_weights, cache, last_logits, tokens, mask, *,
+    temperature, top_p, top_k, seed, eos, stop, max_new,
+  ) -> tuple[_SamplingState, _Rows]:  # fmt: skip
+    """The loop state after the first token (from the prefill's cache and logits), and the rows' constants."""
+    del state, head_dv, layer_weights  # the same signature as the other parts
     rows, prompt_len = tokens.shape
-    key_mask = key_mask_of(mask)
     # n samples per prompt share the prefill: rows become prompt-major [P * n].
     rep = lambda x: jnp.repeat(x, n, axis=0)
-    own = 0 if share_prefix else prompt_len  # a row's own cache slots before its first new token
+    own = own_slots(prompt_len)
     if share_prefix:  # the prompt's keys once per prompt; each row's own slots start empty
       empty = lambda c: jnp.zeros((rows * n, c.shape[1], 0, c.shape[3]), c.dtype)
       cache = [
@@ -591,55 +681,20 @@ def _generate_fn(
     if mesh is not None:
       place = lambda v: sharding_lib.named(mesh, shard_config.cache_bksh, v.shape)
       cache = jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, place(v)), cache)
-    last_logits, key_mask = rep(last_logits), rep(key_mask)
-    temperature, top_p, top_k, max_new = rep(temperature), rep(top_p), rep(top_k), rep(max_new)
     sample_index = jnp.tile(jnp.arange(n, dtype=jnp.uint32), rows)
-    row_keys = jax.vmap(lambda s, j: jax.random.fold_in(jax.random.key(s), j))(rep(seed), sample_index)
-    next_pos = rep(jnp.sum(mask, axis=1))  # [B] position of the first new token
+    constants = _Rows(
+      keys=jax.vmap(lambda s, j: jax.random.fold_in(jax.random.key(s), j))(rep(seed), sample_index),
+      temperature=rep(temperature),
+      top_p=rep(top_p),
+      top_k=rep(top_k),
+      max_new=rep(max_new),
+      next_pos=rep(jnp.sum(mask, axis=1)),
+      key_mask=rep(key_mask_of(mask)),
+      mask=mask,
+      eos=eos,
+      stop=stop,
+    )
     batch = rows * n
-    window = stop.shape[1]
-
-    def choose(state: _SamplingState, logits: Array) -> _SamplingState:
-      """Token `state.step` of every row from its logits [B, V], and the bookkeeping after it."""
-      step = state.step
-      keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-      token = sample_token(logits, keys, temperature, top_p, top_k)  # [B]
-      # The token's log-prob without the [B, V] log-softmax: its logit less the row's log-sum-exp.
-      chosen = jnp.take_along_axis(logits, token[:, None], axis=1)[:, 0]
-      logprob = chosen - jax.nn.logsumexp(logits, axis=-1)
-      is_eos = jnp.any(token[:, None] == eos[None, :], axis=1)
-      recent = jnp.concatenate([state.recent[:, 1:], token[:, None]], axis=1)  # [B, W]
-      hit_stop = jnp.any(
-        jnp.all((recent[:, None, :] == stop[None]) | (stop[None] < 0), axis=2)
-        & jnp.any(stop >= 0, axis=1)[None],
-        axis=1,
-      )
-      live = ~state.done
-      return state.replace(
-        step=step + 1,
-        token=token,
-        done=state.done | is_eos | hit_stop | (step + 1 >= max_new),
-        tokens=state.tokens.at[:, step].set(jnp.where(live & ~is_eos, token, -1)),
-        logprobs=state.logprobs.at[:, step].set(jnp.where(live, logprob, 0.0)),
-        recent=recent,
-        stopped=state.stopped | (live & (is_eos | hit_stop)),
-      )
-
-    def step_fn(state: _SamplingState, key_mask: Array) -> _SamplingState:
-      """The last chosen token's forward pass (its slot is `state.step` − 1), then the next token."""
-      slot = state.step - 1
-      hidden, cache = model.hidden_states(
-        state.token[:, None],
-        positions=(next_pos + slot)[:, None],
-        attention_mask=key_mask,
-        cache=state.cache,
-        cache_index=own + slot,
-        layer_weights=layer_weights,
-        matmul=matmul,
-        prefix_mask=mask if share_prefix else None,
-      )
-      return choose(state.replace(cache=cache), head(hidden[:, 0], head_dv))
-
     # The first token comes from the prefill's logits; each loop step then runs the forward pass of
     # the token chosen before it, so no step computes logits nobody reads (a whole decode step
     # after the last token: 9 % of the first token's time at sampler_bench's shape (a)).
@@ -650,55 +705,143 @@ def _generate_fn(
       done=jnp.zeros((batch,), bool),
       tokens=jnp.full((batch, steps), -1, jnp.int32),
       logprobs=jnp.zeros((batch, steps), jnp.float32),
-      recent=jnp.full((batch, window), -2, jnp.int32),
+      recent=jnp.full((batch, stop.shape[1]), -2, jnp.int32),
       stopped=jnp.zeros((batch,), bool),
     )
-    final = choose(initial, last_logits)
-    for i, end in enumerate(ends):  # one phase, the whole cache, except on CPU (`_phase_ends`)
-      slots = own + end
-      if i:
-        final = final.replace(cache=_grow_cache(final.cache, slots))
-      if i + 1 < len(ends):
-        keep_going = lambda state, end=end: ~jnp.all(state.done) & (state.step <= end)  # slot step − 1
-      else:
-        keep_going = lambda state: ~jnp.all(state.done)
-      body = functools.partial(step_fn, key_mask=key_mask[:, :slots])
-      final = jax.lax.while_loop(keep_going, body, final)
-    out, out_lp, stopped = final.tokens, final.logprobs, final.stopped
+    return choose(constants, initial, rep(last_logits)), constants
+
+  def advance(model, layer_weights, head_dv, rows: _Rows, loop: _SamplingState, phase: int, stop_at=None):
+    """Loop steps of phase `phase` (its cache grown first) until every row is done, the phase ends
+    or, given `stop_at`, `loop.step` reaches it."""
+    own = own_slots(rows.mask.shape[1])
+    slots = own + ends[phase]
+    if loop.cache[0]["k"].shape[2] < slots:
+      loop = loop.replace(cache=_grow_cache(loop.cache, slots))
+    key_mask = rows.key_mask[:, :slots]
+
+    def keep_going(state: _SamplingState) -> Array:
+      going = ~jnp.all(state.done)
+      if phase + 1 < len(ends):  # one phase, the whole cache, except on CPU (`_phase_ends`)
+        going = going & (state.step <= ends[phase])  # slot step − 1
+      if stop_at is not None:
+        going = going & (state.step < stop_at)
+      return going
+
+    def step_fn(state: _SamplingState) -> _SamplingState:
+      """The last chosen token's forward pass (its slot is `state.step` − 1), then the next token."""
+      slot = state.step - 1
+      hidden, cache = model.hidden_states(
+        state.token[:, None],
+        positions=(rows.next_pos + slot)[:, None],
+        attention_mask=key_mask,
+        cache=state.cache,
+        cache_index=own + slot,
+        layer_weights=layer_weights,
+        matmul=matmul,
+        prefix_mask=rows.mask if share_prefix else None,
+      )
+      return choose(rows, state.replace(cache=cache), head(hidden[:, 0], head_dv))
+
+    return jax.lax.while_loop(keep_going, step_fn, loop)
+
+  def finish(loop: _SamplingState, rows: _Rows):
+    """(tokens, log-probs, lengths without a final stop sequence, stopped) of every row."""
+    out, out_lp, stopped = loop.tokens, loop.logprobs, loop.stopped
     # A row's tokens end at EOS (excluded); a stop sequence's tokens are cut on the host side.
     valid = out >= 0
     length = jnp.where(jnp.all(valid, axis=1), steps, jnp.argmin(valid, axis=1))
-    stop_trim = _stop_match_length(out, length, stop)
+    stop_trim = _stop_match_length(out, length, rows.stop)
     return out, out_lp, length - stop_trim, stopped
 
+  def generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings):
+    model, layer_weights = weights_of(state, layer_weights)
+    loop, rows = begin(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+    for phase in range(len(ends)):
+      loop = advance(model, layer_weights, head_dv, rows, loop, phase)
+    return finish(loop, rows)
+
+  def grow(rows: _Rows, loop: _SamplingState, *, phase: int) -> _SamplingState:
+    """The loop state with its cache grown to phase `phase`'s slots (a program of its own, so that
+    `advance` gets the state in the shapes it returns and can reuse its donated buffers)."""
+    return loop.replace(cache=_grow_cache(loop.cache, own_slots(rows.mask.shape[1]) + ends[phase]))
+
+  def advance_chunk(state, head_dv, layer_weights, rows, loop, stop_at, *, phase):
+    model, layer_weights = weights_of(state, layer_weights)
+    return advance(model, layer_weights, head_dv, rows, loop, phase, stop_at)
+
+  options = _decode_options(grouped) if cpu else None
+  chunk = dict(
+    advance=jax.jit(
+      advance_chunk, static_argnames=("phase",), donate_argnames=("loop",), compiler_options=options
+    ),
+    finish=jax.jit(finish),
+    grow=jax.jit(grow, static_argnames=("phase",)),
+    phase_ends=ends,
+  )
   if not cpu:
     prefill = _prefill_fn(graphdef, cache_dtype, gemm_threads, jit=False)
 
-    def prefill_and_generate(state, head_dv, layer_weights, tokens, mask, **settings):
-      cache, last_logits = prefill(state, head_dv, layer_weights, tokens, mask)
-      return generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+    def prefill_and(part):
+      def run(state, head_dv, layer_weights, tokens, mask, **settings):
+        cache, last_logits = prefill(state, head_dv, layer_weights, tokens, mask)
+        return part(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+
+      return run
 
     # accelerators: one program, one library for every product
-    return _Programs(prefill=None, decode=jax.jit(prefill_and_generate))
+    return _Programs(
+      prefill=None, decode=jax.jit(prefill_and(generate)), begin=jax.jit(prefill_and(begin)), **chunk
+    )
   return _Programs(
     prefill=_prefill_fn(graphdef, cache_dtype, gemm_threads, jit=True),
-    decode=jax.jit(generate, compiler_options=_decode_options(grouped)),
+    decode=jax.jit(generate, compiler_options=options),
+    begin=jax.jit(begin),
+    **chunk,
   )
 
 
 @dataclasses.dataclass(frozen=True)
 class _Programs:
   """`_generate_fn`'s jitted programs: on CPU a prefill and a decode program (the cache passes from
-  one to the other), elsewhere one program (`prefill` None) that does both."""
+  one to the other), elsewhere one program (`prefill` None) that does both. A streamed call runs
+  `begin` (with the prefill inside where `prefill` is None), then `advance` a chunk of steps at a
+  time, then `finish`, instead of `decode`."""
 
   prefill: Any
   decode: Any
+  begin: Any
+  advance: Any
+  finish: Any
+  grow: Any
+  phase_ends: tuple[int, ...]
 
   def __call__(self, state, head_dv, layer_weights, tokens, mask, **settings):
     if self.prefill is None:
       return self.decode(state, head_dv, layer_weights, tokens, mask, **settings)
     cache, last_logits = self.prefill(state, head_dv, layer_weights, tokens, mask)
     return self.decode(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
+
+  def streamed(self, state, head_dv, layer_weights, tokens, mask, *, every: int, report, **settings):
+    """What `__call__` returns, decoded `every` steps at a time: after the first token and after
+    each chunk, `report(loop_state)` sees the tokens so far and answers (steps taken, every row done).
+
+    Each chunk is one device call returning to the host, so a reader gets tokens after the
+    prefill plus at most `every` steps; the chunks together run the same steps as `decode`."""
+    args = (state, head_dv, layer_weights)
+    if self.prefill is None:
+      loop, rows = self.begin(*args, tokens, mask, **settings)
+    else:
+      cache, last_logits = self.prefill(*args, tokens, mask)
+      loop, rows = self.begin(*args, cache, last_logits, tokens, mask, **settings)
+    step, done = report(loop)
+    for phase, end in enumerate(self.phase_ends):
+      last = phase + 1 == len(self.phase_ends)
+      if phase and not done:
+        loop = self.grow(rows, loop, phase=phase)
+      while not done and (last or step <= end):  # a phase may end inside a chunk
+        loop = self.advance(*args, rows, loop, jnp.int32(step + every), phase=phase)
+        step, done = report(loop)
+    return self.finish(loop, rows)
 
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4}

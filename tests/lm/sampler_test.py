@@ -251,7 +251,7 @@ def test_phase_ends_halve_down_from_the_step_bucket():
 
 
 @pytest.mark.slow
-def test_decode_in_phases_equals_one_phase_over_the_whole_cache(checkpoint):
+def test_decode_in_phases_equals_one_phase_over_the_whole_cache_and_streamed(checkpoint):
   # 40 new tokens in a 64-step bucket cross every phase boundary (16, 32); greedy rows also match
   # transformers across them, and sampled rows (same seeds) match the single-phase decode.
   hf_model, model = checkpoint
@@ -266,6 +266,21 @@ def test_decode_in_phases_equals_one_phase_over_the_whole_cache(checkpoint):
   assert a.tokens == b.tokens and all(len(t) == 40 for per in a.tokens for t in per)
   for la, lb in zip(a.logprobs, b.logprobs, strict=True):
     np.testing.assert_allclose(np.array(la), np.array(lb), atol=1e-5)
+  # Streamed (a device call per 8 steps, across the phase boundaries): the same samples, and the
+  # tokens handed out as they were made join to them.
+  made, calls = {}, []
+
+  def on_tokens(prompt, sample, start, token_ids, logprobs):
+    assert start == len(made.setdefault((prompt, sample), [])) and len(token_ids) == len(logprobs)
+    made[prompt, sample] += token_ids
+    calls.append(len(token_ids))
+
+  streamed = phased.generate(PROMPTS, **kwargs, on_tokens=on_tokens, stream_every=8)
+  assert streamed.tokens == a.tokens
+  for la, ls in zip(a.logprobs, streamed.logprobs, strict=True):
+    np.testing.assert_allclose(np.array(ls), np.array(la), atol=1e-6)
+  assert made == {(i, j): a.tokens[i][j] for i in range(3) for j in range(2)}
+  assert max(calls) <= 8 and len(calls) == 6 * 6  # the first token, then 5 chunks of at most 8, per row
 
 
 @pytest.mark.slow

@@ -18,16 +18,10 @@ import pytest
 from configs import serve as serve_config
 from lm import lora, scoring
 from lm.generators import GenerationParams, OpenAIGenerator
-from lm.server import (
-  ApiError,
-  OpenAIServer,
-  ServerConfig,
-  _Batcher,
-  _Entry,
-  _Job,
-  server_from_config,
-  text_pieces,
-)
+from lm.sampler import _cut_stop_strings
+from lm.server import ApiError, OpenAIServer, ServerConfig, server_from_config, text_pieces
+from lm.server.batcher import Batcher, Entry, Job
+from lm.server.responses import TextPieces
 from tests.lm.generator_helpers import CHAT_WORDS, MAX_TOKENS, N, make_tiny_generator, single_token_stop
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
@@ -133,6 +127,7 @@ def test_openai_generator_against_the_server(server, generator, monkeypatch):
 
 
 def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(server, generator):
+  # Half the clients stream: they share the batches of the others, and nobody loses an answer.
   prompts = [f"problem {i}: x + y = {i}" for i in range(8)]
   answers = [None] * len(prompts)
   start = threading.Barrier(len(prompts))
@@ -140,9 +135,13 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(server, gen
   def ask(i):
     client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)
     start.wait()
-    answers[i] = client.completions.create(
-      model="tiny", prompt=prompts[i], n=N, max_tokens=MAX_TOKENS, seed=i
-    )
+    request = dict(model="tiny", prompt=prompts[i], n=N, max_tokens=MAX_TOKENS, seed=i)
+    if i % 2 == 0:
+      answers[i] = [c.text for c in client.completions.create(**request).choices]
+      return
+    answers[i] = [""] * N
+    for chunk in client.completions.create(**request, stream=True):
+      answers[i][chunk.choices[0].index] += chunk.choices[0].text
 
   calls = generator.sampler_calls
   threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
@@ -154,7 +153,7 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(server, gen
   params = [GenerationParams(max_tokens=MAX_TOKENS, seed=i) for i in range(len(prompts))]
   expected = generator.generate(prompts, n=N, params=params)
   for answer, want in zip(answers, expected, strict=True):
-    assert [c.text for c in answer.choices] == [g.text for g in want]
+    assert answer == [g.text for g in want]
 
 
 def _request_raw(server, method, path, body=None, *, key=KEY):
@@ -234,6 +233,10 @@ _OK = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "chat_template_kwargs": {"tools": 1}}, 400,
      "chat_template_kwargs", "may only hold 'enable_thinking'"),
     ("/v1/embeddings", _OK, 404, None, "no route POST /v1/embeddings"),
+    ("/v1/completions", dict(_OK, temprature=0.5), 400, "temprature",
+     "unknown field 'temprature' (did you mean 'temperature'?)"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "stream_options": {"include_usage": True},
+     "stream": True, "top_n": 2}, 400, "top_n", "unknown field 'top_n'"),
   ],
 )  # fmt: skip
 def test_malformed_requests_get_a_4xx_naming_the_field(server, path, body, status, param, message):
@@ -302,11 +305,11 @@ class _FlakyGenerator:
 
 
 def _batcher(generator, **overrides):
-  return _Batcher(generator, ServerConfig(**{"batch_window_s": 0.2, **overrides}))
+  return Batcher(generator, ServerConfig(**{"batch_window_s": 0.2, **overrides}))
 
 
 def _job(prompt, max_tokens=MAX_TOKENS, n=N):
-  return _Job([prompt], n, GenerationParams(max_tokens=max_tokens, seed=1), False)
+  return Job([prompt], n, GenerationParams(max_tokens=max_tokens, seed=1), False)
 
 
 def test_a_failing_batch_is_rerun_per_request_so_only_the_failing_one_errs(generator):
@@ -349,9 +352,9 @@ def test_fair_batches_put_small_requests_before_and_apart_from_large_ones(genera
   try:
     with starved._cv:  # queue directly, then select as the worker would: cost order, then starvation
       for job in (_job("large", max_tokens=16), _job("s1", max_tokens=2), _job("s2", max_tokens=2)):
-        starved._pending.append(_Entry(job, None, len(starved._pending), 0.0))
+        starved._pending.append(Entry(job, None, len(starved._pending), 0.0))
       assert [e.job.prompts for e in starved._select()] == [["s1"], ["s2"]]
-      starved._pending.append(_Entry(_job("s3", max_tokens=2), None, 3, 0.0))  # cheaper, but newer
+      starved._pending.append(Entry(_job("s3", max_tokens=2), None, 3, 0.0))  # cheaper, but newer
       assert [e.job.prompts for e in starved._select()] == [["large"]]  # passed over once: it leads
       assert [e.job.prompts for e in starved._select()] == [["s3"]]
   finally:
@@ -365,9 +368,9 @@ def test_large_requests_run_in_separate_batches_so_a_newcomer_waits_for_one(gene
   try:
     with batcher._cv:
       for i, job in enumerate((_job("big a", max_tokens=16, n=4), _job("big b", max_tokens=16, n=4))):
-        batcher._pending.append(_Entry(job, None, i, 0.0))  # cost 64 each
+        batcher._pending.append(Entry(job, None, i, 0.0))  # cost 64 each
       assert [e.job.prompts for e in batcher._select()] == [["big a"]]
-      batcher._pending.append(_Entry(_job("newcomer", max_tokens=4), None, 2, 0.0))
+      batcher._pending.append(Entry(_job("newcomer", max_tokens=4), None, 2, 0.0))
       assert [e.job.prompts for e in batcher._select()] == [["newcomer"]]
       assert [e.job.prompts for e in batcher._select()] == [["big b"]]
   finally:
@@ -537,6 +540,52 @@ def test_streamed_completions_and_chat_join_to_the_whole_answer_with_usage_last(
   assert status == 200 and raw.startswith(b"data: {") and raw.endswith(b"\n\ndata: [DONE]\n\n")
 
 
+class _PausedGenerator:
+  """The generator, paused in a streamed decode as it hands out its first chunk of decode steps
+  after the first token, until `resume` is set: whatever a client has read by then left the server
+  before the generation finished."""
+
+  def __init__(self, inner):
+    self.inner, self.tokenizer, self.sampler = inner, inner.tokenizer, inner.sampler
+    self.paused, self.resume, self.finished = threading.Event(), threading.Event(), threading.Event()
+    self.made_before_pause = 0  # tokens the paused sample had made when it paused
+
+  def encode(self, prompt, params):
+    return self.inner.encode(prompt, params)
+
+  def generate(self, prompts, n, params, *, on_tokens, stream_every):
+    def pausing(prompt, sample, start, token_ids, logprobs):
+      on_tokens(prompt, sample, start, token_ids, logprobs)
+      if start > 0 and not self.paused.is_set():
+        self.made_before_pause = start + len(token_ids)
+        self.paused.set()
+        self.resume.wait(timeout=60)
+
+    result = self.inner.generate(prompts, n, params, on_tokens=pausing, stream_every=stream_every)
+    self.finished.set()
+    return result
+
+
+def test_a_streamed_answer_begins_before_its_generation_ends(generator):
+  paused = _PausedGenerator(generator)
+  config = ServerConfig(
+    model_name="tiny", port=0, max_tokens=16, default_max_tokens=MAX_TOKENS, stream_every=2
+  )
+  request = dict(model="tiny", prompt="The answer is", n=1, max_tokens=MAX_TOKENS, seed=12, logprobs=0)
+  with OpenAIServer(paused, config).start() as running:
+    client = openai.OpenAI(base_url=running.base_url, api_key="EMPTY", max_retries=0, timeout=60)
+    chunks = iter(client.completions.create(**request, stream=True))
+    first = next(chunks)
+    assert paused.paused.wait(timeout=60) and not paused.finished.is_set()
+    assert 1 <= len(first.choices[0].logprobs.token_logprobs) <= paused.made_before_pause <= 1 + 2
+    paused.resume.set()
+    rest = list(chunks)
+  whole = generator.generate(["The answer is"], n=1, params=GenerationParams(max_tokens=MAX_TOKENS, seed=12))
+  assert whole[0][0].completion_tokens > paused.made_before_pause  # the pause was before the end
+  assert "".join(c.choices[0].text for c in [first, *rest]) == whole[0][0].text
+  assert rest[-1].choices[0].finish_reason == whole[0][0].finish_reason
+
+
 def test_text_pieces_join_to_the_text_and_cover_the_tokens(generator):
   tokenizer = generator.tokenizer
   for text in ("plain words here", "héllo wörld — ∑ 😀 ok", "日本語のテキスト"):
@@ -548,6 +597,16 @@ def test_text_pieces_join_to_the_text_and_cover_the_tokens(generator):
   ids = tokenizer.encode("stop here please")
   cut = text_pieces(tokenizer, ids, "stop he")  # a stop string cut inside a token
   assert "".join(p for p, _, _ in cut) == "stop he" and cut[-1][2] == len(ids)
+  # Streamed a token at a time with the stop string "re p": nothing of it goes out before the end,
+  # which gives the rest of the sample as the sampler cuts it.
+  tokens, _, text, hit = _cut_stop_strings(tokenizer, ids, [0.0] * len(ids), ["re p"])
+  streamed = TextPieces(tokenizer, stop=["re p"])
+  early = [piece for token in ids for piece in streamed.add([token])]
+  pieces = early + streamed.finish(tokens, text)
+  sent_early = "".join(p for p, _, _ in early)
+  assert hit and text == "stop he" and sent_early and text.startswith(sent_early)
+  assert "".join(p for p, _, _ in pieces) == text and pieces[-1][2] == len(tokens)
+  assert [lo for _, lo, _ in pieces] == [0] + [hi for _, _, hi in pieces[:-1]]
 
 
 def _score(generator, model, prompt_ids, completion_ids):
