@@ -10,6 +10,12 @@ import ml_collections
 
 from configs.generators import generator_config
 
+# Each preset with one line (lm-serve --help lists them; an unknown one is refused naming the closest).
+PRESETS = {
+  "default": "a local HF checkpoint you name: --config.model.checkpoint=/path/Qwen3-0.6B",
+  "tiny": "random tiny Qwen3 weights on a CPU, to try the server; needs --config.model.tokenizer=DIR",
+}
+
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -51,3 +57,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   elif arg != "default":
     raise ValueError(f"configs/serve.py: unknown preset {arg!r}")
   return c
+
+
+def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str, str]:
+  """{field: Hugging Face id} of the weights the preset serves (launch/common.py refuses it empty)."""
+  return {} if preset == "tiny" else {"model.checkpoint": "Qwen/Qwen3-0.6B"}

@@ -36,6 +36,7 @@ PARTS = ("dpa_grpo", "kace")
 _DPA = common.define_config("dpa_config", "configs/dpa_grpo.py:testbed")
 _KACE = common.define_config("kace_config", "configs/kace.py:testbed")
 _THEORY = common.define_config("theory_config", "configs/theory.py")
+common.define_workdir()
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {list(PARTS)}.")
 
 # What each part does and how long it takes on a 2-core CPU machine (README.md, 2026-12-01: the
