@@ -3,7 +3,7 @@
 Presets (`--config=configs/dpa_grpo.py:<preset>`):
   cpu (default)   tiny Qwen3-style model on synthetic TY24 forms, LoRA, CPU-sized everything
   testbed         the same model on copy-and-check cases (launch/dpa_testbed.py: arms x seeds)
-  testbed_v2      testbed v2 (issue 39): the decision has a signal; the paper's revision mechanism
+  testbed_v2      testbed v2: the KEEP / REVISE decision has a signal; the paper's revision mechanism
                   against a proposal-only ablation, 60 steps (docs/dpa_grpo.md, "Testbed v2")
   tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
   qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
@@ -342,7 +342,7 @@ def _testbed(c: ml_collections.ConfigDict) -> None:
 
 
 def _testbed_v2(c: ml_collections.ConfigDict) -> None:
-  """Testbed v2 (issue 39; docs/dpa_grpo.md, "Testbed v2"): v1's cases and warm start, but the
+  """Testbed v2 (docs/dpa_grpo.md, "Testbed v2"): v1's cases and warm start, but the
   KEEP / REVISE decision has something it can learn. Its prompt says which amount matches the field
   (`copycheck.decision_note`); its warm-start examples show wrong revisions from the line's answer
   pool (v1: corrupted amounts off it, so the decision learned "KEEP" on every play) and turn a

@@ -115,6 +115,9 @@ def main(_):
                     workers=_WORKERS.value, dry_run=_DRY_RUN.value, summary=_SUMMARY.value)  # fmt: skip
   except RuntimeError as e:
     common.fail(str(e))
+  except KeyboardInterrupt:  # Ctrl-C or kill: the points' processes are stopped with it
+    progress.say("lm-sweep: stopped; the same command resumes it (finished points are skipped)")
+    sys.exit(130)
   if not _DRY_RUN.value:
     progress.say(f"lm-sweep: done; the table is {os.path.join(workdir, 'summary.md')}")
 

@@ -42,6 +42,7 @@ from lm import rundir
 
 Point = dict[str, Any]
 EMITS = ("slurm", "tpu")
+DONE = "sweep.done"  # written into a point's run directory when it finished (here or as a SLURM task)
 MD_METRICS = 8  # metric columns summary.md shows (a report can hold dozens; summary.csv keeps all)
 
 
@@ -154,7 +155,8 @@ def plan(
   config_arg: str, launcher: str, workdir: str, points: Sequence[Point], fixed: Sequence[str] = ()
 ) -> dict[str, Any]:
   """The sweep's index (nothing written): each point's name, overrides, sub-directory, command,
-  and status ("done" where a previous run's index says so, else "planned")."""
+  and status ("done" where a previous run's index says so or the point's `DONE` file is there, else
+  "planned")."""
   index_path = os.path.join(workdir, "index.json")
   previous = rundir.read_json(index_path) if os.path.exists(index_path) else {"points": []}
   done = {p["name"] for p in previous["points"] if p["status"] == "done"}
@@ -162,7 +164,8 @@ def plan(
   for i, p in enumerate(points):
     name = point_name(i, p)
     cmd = command(launcher, config_arg, p, os.path.join(workdir, name), fixed)
-    status = "done" if name in done else "planned"
+    finished = name in done or os.path.exists(os.path.join(workdir, name, DONE))
+    status = "done" if finished else "planned"
     entries.append(dict(name=name, overrides=p, subdir=name, command=shlex.join(cmd), status=status))
   return {"config": config_arg, "launcher": launcher, "fixed": list(fixed), "points": entries}
 
@@ -219,6 +222,8 @@ def run_sweep(
       rc = proc.wait()
       live.discard(proc)
     status = "stopped" if stopping.is_set() else "done" if rc == 0 else "failed"
+    if status == "done":
+      rundir.atomic_write_text(os.path.join(sub, DONE), "")
     with lock:
       entry.update(status=status, returncode=rc, wall_seconds=time.time() - start)
       rundir.write_json(index_path, index)
@@ -258,10 +263,16 @@ def _flatten(record: Any, prefix: str = "") -> dict[str, float]:
   return out
 
 
+# A finished run's final numbers, the first of these files it has: the DPA-GRPO report (launch.dpa_grpo,
+# launch.dpa_testbed), a training run's summary, KACE's metrics (launch.kace_eval) and testbed results
+# (launch.kace_testbed), the theory's numbers (launch.theory).
+FINAL_FILES = ("report.json", "summary.json", "metrics.json", "results.json", "theory.json")
+
+
 def final_metrics(run_dir: str) -> dict[str, float]:
-  """A finished run's final numbers: its `report.json` or `summary.json` (numeric leaves), else the
-  last value of each key in its `metrics.jsonl`."""
-  for name in ("report.json", "summary.json"):
+  """A finished run's final numbers: the numeric leaves of its first `FINAL_FILES`, else the last
+  value of each key in its `metrics.jsonl`."""
+  for name in FINAL_FILES:
     path = os.path.join(run_dir, name)
     if os.path.exists(path):
       return _flatten(rundir.read_json(path))
@@ -316,11 +327,16 @@ def _portable(index: dict[str, Any], root: str) -> list[list[str]]:
   return out
 
 
+def index_dir(index: dict[str, Any], i: int) -> str:
+  """Point i's run directory (its command's --workdir)."""
+  return shlex.split(index["points"][i]["command"])[-1].removeprefix("--workdir=")
+
+
 def emit(kind: str, index: dict[str, Any], root: str) -> str:
   """The sweep as a cluster job script, run from `root` (the repository):
 
-  - "slurm": a job array, one index a point (`sbatch [options] FILE`); `DRY_RUN=1
-    SLURM_ARRAY_TASK_ID=i bash FILE` prints point i's command instead of running it;
+  - "slurm": a job array, one index a point (`sbatch [options] FILE`), each writing its `DONE` file
+    when it succeeds; `DRY_RUN=1 SLURM_ARRAY_TASK_ID=i bash FILE` prints point i's command instead;
   - "tpu": one job per TPU slice through launch/tpu_pod.sh (`TPU_NAMES="n0 n1 ..." ZONE=z bash FILE`),
     all at once; DRY_RUN=1 passes through to tpu_pod.sh.
   The points' run directories resume, so a job rerun continues where it stopped.
@@ -342,10 +358,14 @@ def emit(kind: str, index: dict[str, Any], root: str) -> str:
       "set -euo pipefail",
       f"cd {shlex.quote(root)}",
       'case "${SLURM_ARRAY_TASK_ID:?set by sbatch --array}" in',
-      *(f"  {i}) cmd=({shlex.join(c)}) ;;" for i, c in enumerate(commands)),
+      *(
+        f"  {i}) cmd=({shlex.join(c)}); done_file={shlex.quote(os.path.join(index_dir(index, i), DONE))} ;;"
+        for i, c in enumerate(commands)
+      ),  # fmt: skip
       '  *) echo "no sweep point $SLURM_ARRAY_TASK_ID (0-' + str(n - 1) + ')" >&2; exit 2 ;;',
       "esac",
-      'if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "${cmd[*]@Q}"; else exec "${cmd[@]}"; fi',
+      'if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "${cmd[*]@Q}"; exit 0; fi',
+      '"${cmd[@]}" && touch "$done_file"  # lm-sweep with the same flags then skips it',
     ]
   else:
     head += [

@@ -42,13 +42,21 @@ def test_theory_smoke_run_writes_its_figures(tmp_path):
   assert numbers and (tmp_path / "phase_portrait.png").stat().st_size > 1000
 
 
-def test_sweep_over_theory_lists_one_run_per_point(tmp_path):
-  """`python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=DIR`, as
-  a dry run (its points are `launch.theory` runs, tested above; nine full ones take minutes)."""
-  args = ["launch.sweep", "--config=configs/theory.py", "--launcher=launch.theory", f"--workdir={tmp_path}"]
-  done = _run([*args, "--dry_run"], timeout=300)
-  points = [line for line in done.stdout.splitlines() if "launch.theory" in line]
-  assert len(points) == 9 and all("--config.loss.beta=" in p for p in points)
+def test_sweep_over_theory_runs_two_points_at_once_resumes_and_summarises(tmp_path):
+  """`python -m launch.sweep --config=configs/theory.py:smoke --launcher=launch.theory
+  --sweep=loss.kl=k1,k3 --workers=2 --workdir=DIR`, as written: both points run, a rerun runs none,
+  the summary has a row of final numbers per point."""
+  args = ["launch.sweep", "--config=configs/theory.py:smoke", "--launcher=launch.theory",
+          "--sweep=loss.kl=k1,k3", "--workers=2", f"--workdir={tmp_path}"]  # fmt: skip
+  _run(args, timeout=600)
+  logs = sorted(tmp_path.glob("*/sweep.log"))
+  assert [p.parent.name for p in logs] == ["000_loss.kl=k1", "001_loss.kl=k3"]
+  stamps = [p.stat().st_mtime_ns for p in logs]
+  again = _run(args, timeout=300)
+  assert "2 already done" in again.stderr and [p.stat().st_mtime_ns for p in logs] == stamps
+  rows = (tmp_path / "summary.csv").read_text().splitlines()
+  assert len(rows) == 3 and rows[0].startswith("point,loss.kl,status,wall_s,") and ",done," in rows[1]
+  assert (tmp_path / "summary.md").read_text().startswith("| point | loss.kl | status |")
 
 
 def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):

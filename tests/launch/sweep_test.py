@@ -61,6 +61,7 @@ def test_sweep_runs_one_process_per_point_and_resumes(tmp_path, capsys):
   for point, beta in zip(index["points"], [0.1, 1.0], strict=True):
     run_dir = os.path.join(workdir, point["subdir"])
     resolved = rundir.read_json(os.path.join(run_dir, "config.json"))
+    assert os.path.exists(os.path.join(run_dir, sweep.DONE))
     assert resolved["loss"]["beta"] == beta and resolved["tag"] == "small"
     assert point["overrides"] == {"config.loss.beta": beta}
 
@@ -109,6 +110,10 @@ def test_dry_run_writes_nothing_and_a_rerun_skips_what_is_done(tmp_path, capsys)
   rundir.write_json(workdir / "index.json", {"points": [{**first, "status": "done"}]})
   resumed = sweep.plan("cfg.py:small", "launch.theory", str(workdir), points)
   assert [p["status"] for p in resumed["points"]] == ["done", "planned"]
+  (workdir / index["points"][1]["subdir"]).mkdir()  # finished elsewhere (a SLURM task)
+  (workdir / index["points"][1]["subdir"] / sweep.DONE).write_text("")
+  resumed = sweep.plan("cfg.py:small", "launch.theory", str(workdir), points)
+  assert [p["status"] for p in resumed["points"]] == ["done", "done"]
 
 
 def test_summary_has_one_row_per_point_with_its_final_metrics(tmp_path):
