@@ -3,6 +3,7 @@
 See configs/kace.py and docs/kace.md ("The table").
 
 python -m launch.kace_table --workdir=/tmp/kace_table                    # CPU scale, synthetic maths
+python -m launch.kace_table --workdir=/tmp/kace_table_3 '--config.table.methods=("best_of_n","tiered","kace")'
 """
 
 from kace import budget, data, pipeline

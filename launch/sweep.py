@@ -104,7 +104,8 @@ def main(_):
   points, fixed = checked_points(config_arg, module)
   if _WORKERS.value < 1:
     common.fail(f"--workers={_WORKERS.value}: at least 1")
-  workdir = os.path.abspath(common.WORKDIR.value)
+  workdir = common.WORKDIR.value  # absolute unless a URL (gs://...: a TPU slice's bucket)
+  workdir = workdir if "://" in workdir else os.path.abspath(workdir)
   index = sweep.plan(config_arg, _LAUNCHER.value, workdir, points, fixed)
   if _EMIT.value:
     print(sweep.emit(_EMIT.value, index, common.ROOT), end="")
