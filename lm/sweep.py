@@ -159,14 +159,17 @@ def plan(
   "planned")."""
   index_path = os.path.join(workdir, "index.json")
   previous = rundir.read_json(index_path) if os.path.exists(index_path) else {"points": []}
-  done = {p["name"] for p in previous["points"] if p["status"] == "done"}
+  done = {p["name"]: p for p in previous["points"] if p["status"] == "done"}
   entries = []
   for i, p in enumerate(points):
     name = point_name(i, p)
     cmd = command(launcher, config_arg, p, os.path.join(workdir, name), fixed)
     finished = name in done or os.path.exists(os.path.join(workdir, name, DONE))
-    status = "done" if finished else "planned"
-    entries.append(dict(name=name, overrides=p, subdir=name, command=shlex.join(cmd), status=status))
+    entry = dict(name=name, overrides=p, subdir=name, command=shlex.join(cmd), status="planned")
+    if finished:  # as the run that finished it recorded it (return code, wall time)
+      entry.update({k: v for k, v in done.get(name, {}).items() if k in ("returncode", "wall_seconds")})
+      entry["status"] = "done"
+    entries.append(entry)
   return {"config": config_arg, "launcher": launcher, "fixed": list(fixed), "points": entries}
 
 

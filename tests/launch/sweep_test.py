@@ -107,9 +107,10 @@ def test_dry_run_writes_nothing_and_a_rerun_skips_what_is_done(tmp_path, capsys)
   assert all(" --config.seed=3 --config.loss.beta=" in line for line in printed)
   first = index["points"][0]
   workdir.mkdir()
-  rundir.write_json(workdir / "index.json", {"points": [{**first, "status": "done"}]})
+  rundir.write_json(workdir / "index.json", {"points": [{**first, "status": "done", "wall_seconds": 9.0}]})
   resumed = sweep.plan("cfg.py:small", "launch.theory", str(workdir), points)
   assert [p["status"] for p in resumed["points"]] == ["done", "planned"]
+  assert resumed["points"][0]["wall_seconds"] == 9.0  # the finishing run's record is kept
   (workdir / index["points"][1]["subdir"]).mkdir()  # finished elsewhere (a SLURM task)
   (workdir / index["points"][1]["subdir"] / sweep.DONE).write_text("")
   resumed = sweep.plan("cfg.py:small", "launch.theory", str(workdir), points)
