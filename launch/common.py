@@ -22,6 +22,7 @@ keys, unless `--allow_config_change`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib.util
@@ -30,7 +31,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 from absl import app, flags, logging
@@ -324,10 +325,21 @@ def typed(flag: flags.FlagHolder, make: Callable[[Any], T]) -> T:
   return config
 
 
-def work(what: str) -> Any:
+@contextlib.contextmanager
+def work(what: str) -> Iterator[None]:
   """The progress phase (`lm.progress`) a launcher runs its library call in, once its config is
-  checked: a start line, a line at least every 30 s, an end line, whatever the log verbosity."""
-  return progress.phase(f"{os.path.basename(sys.argv[0])}: {what}")
+  checked: a start line, a line at least every 30 s, an end line, whatever the log verbosity. A
+  stage directory of another config (a testbed's arm, a part of the main job) stops in one line."""
+  with progress.phase(f"{os.path.basename(sys.argv[0])}: {what}"):
+    try:
+      yield
+    except rundir.ConfigFileError as e:
+      fail(config_change_message(e))
+
+
+def config_change_message(error: rundir.ConfigFileError) -> str:
+  """The one line for a run directory that holds another config, naming this launcher's flag."""
+  return f"--workdir: {str(error).replace('allow config changes', 'pass --allow_config_change')}"
 
 
 def prepare_workdir(config: Any) -> str:
@@ -336,7 +348,7 @@ def prepare_workdir(config: Any) -> str:
   try:
     return rundir.prepare_workdir(WORKDIR.value, config, allow_changes=ALLOW_CONFIG_CHANGE.value)
   except rundir.ConfigFileError as e:
-    fail(f"--workdir: {str(e).replace('allow config changes', 'pass --allow_config_change')}")
+    fail(config_change_message(e))
 
 
 # ---- running -------------------------------------------------------------------------------------------

@@ -174,6 +174,8 @@ def main(argv):
       with progress.phase(_TITLES[part], PLAN[part][1]):
         report = _RUNNERS[part](sub, configs, common.ALLOW_CONFIG_CHANGE.value)
       status = "done"
+    except rundir.ConfigFileError as e:  # a part's directory holds another config: one line, exit 2
+      common.fail(common.config_change_message(e))
     except GateError as e:  # the other part still runs; the job exits non-zero at the end
       logging.error("%s stopped at its gates: %s", part, e)
       report, status = os.path.join(sub, "report.md"), f"stopped at its gates ({e})"

@@ -130,6 +130,8 @@ def test_every_entry_point_stops_a_bad_input_in_one_line_leaving_the_workdir_as_
     (["dpa_grpo", "--config=configs/dpa_grpo.py:qwen3_4b", w],
      "model.checkpoint is empty: the qwen3_4b preset needs real weights; download Qwen/Qwen3-4B"),
     (["dpa_testbed", "--arms=dpa_k9", w], "unknown arm(s) ['dpa_k9']"),
+    (["dpa_testbed", w], "differ from"),  # reruns with another config: the testbeds' own directories
+    (["kace_testbed", w], "differ from"),
     (["theory", "--config=configs/theory.py:smok", w], "unknown preset 'smok'; did you mean 'smoke'?"),
     (["theory", "--config=configs/theory.py:smoke", w], "differ from"),  # a rerun with another config
     (["kace_build", "--config.learn.budget_tokens=many", w], "--config.learn.budget_tokens=many"),
