@@ -143,7 +143,7 @@ def test_every_entry_point_stops_a_bad_input_in_one_line_leaving_the_workdir_as_
     (["plan", "--target=h100x9"], "unknown targets ['h100x9']"),
     (["plan", "--target=v5p-8"], "scripts/plan_venvs.sh tpu"),
     (["serve", f"--config.model.checkpoint={tmp_path}/missing"], "model.checkpoint: "),
-    (["serve", "--config=configs/serve.py:tiny"], "pass --config.model.tokenizer=DIR"),
+    (["serve", "--config=configs/serve.py:tiny", "--config.build_tokenizer="], "model.tokenizer=DIR"),
     (["serve", "--config=configs/serve.py:tiny", f"--config.model.tokenizer={tmp_path}",
       "--config.server.max_tokens=0"], "max_tokens=0"),  # fmt: skip
     (["sweep", "--config=configs/theory.py", "--launcher=launch.theroy", w], "did you mean launch.theory?"),

@@ -4,6 +4,8 @@
 runs it; these are the ones no other test ran. Each takes seconds to a minute on 2 cores.
 """
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -15,7 +17,6 @@ import urllib.request
 
 import pytest
 
-from tests.lm.generator_helpers import CHAT_WORDS
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -60,16 +61,14 @@ def test_sweep_over_theory_runs_two_points_at_once_resumes_and_summarises(tmp_pa
 
 
 def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):
-  """`python -m launch.serve --config=configs/serve.py ...` with the tiny preset (the README's
-  checkpoint is a real Qwen3): it listens, answers a completion, and exits cleanly on SIGINT."""
-  tokenizer = make_tiny_tokenizer(tmp_path, vocab_words=CHAT_WORDS)
-  command = [
-    sys.executable, "-m", "launch.serve", "--config=configs/serve.py:tiny",
-    f"--config.model.tokenizer={tokenizer}", "--config.server.port=0",
-  ]  # fmt: skip
+  """`python -m launch.serve --config=configs/serve.py ...` as docs/serving.md's CPU recipe runs it
+  (the README's checkpoint is a real Qwen3): the tiny preset builds its tokenizer (under a fresh
+  HOME), listens, answers a completion and the recipe's `openai` snippet, and exits cleanly on SIGINT."""
+  command = [sys.executable, "-m", "launch.serve", "--config=configs/serve.py:tiny", "--config.server.port=0"]
   log = tmp_path / "server.log"  # a file, polled: a pipe read line by line blocks when nothing comes
   with open(log, "w") as f:
-    server = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+    env = {**_env(), "HOME": str(tmp_path)}
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
   try:
     base_url, deadline = None, time.time() + 300
     while base_url is None and time.time() < deadline:
@@ -87,6 +86,13 @@ def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):
     with urllib.request.urlopen(request, timeout=300) as response:
       answer = json.loads(response.read())
     assert answer["usage"]["completion_tokens"] >= 1
+    assert (tmp_path / ".cache" / "lm_serve" / "byte_tokenizer" / "tokenizer.json").exists()
+    recipe = open(os.path.join(ROOT, "docs", "serving.md")).read().split("### On a CPU, in one command")[1]
+    snippet = re.search(r"```python\n(.*?)```", recipe, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      exec(snippet.replace("http://127.0.0.1:8000/v1", base_url), {})
+    assert int(printed.getvalue().split()[-1]) >= 1  # the reply's completion tokens
     server.send_signal(signal.SIGINT)
     assert server.wait(timeout=60) == 0
   finally:
