@@ -72,6 +72,8 @@ COMMANDS = {
   "python -m launch.theory --workdir=runs/theory": _RUNS + "test_theory_smoke_run_writes_its_figures",
   "python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/models/Qwen3-4B":
     _RUNS + "test_serve_tiny_answers_and_stops_on_ctrl_c",
+  "python -m launch.serve --config=configs/serve.py:tiny":
+    _RUNS + "test_serve_tiny_answers_and_stops_on_ctrl_c",
   ".plan_venvs/cuda/bin/python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8":
     "not CI: the deviceless CUDA compiler's own venv (scripts/plan_venvs.sh, ~0.5 GB) and a 4B compile "
     "of many minutes; the same code path at tiny size on the CPU: tests/lm/plan_test.py::"
