@@ -3,7 +3,7 @@
 Presets (`--config=configs/dpa_grpo.py:<preset>`):
   cpu (default)   tiny Qwen3-style model on synthetic TY24 forms, LoRA, CPU-sized everything
   testbed         the same model on copy-and-check cases (launch/dpa_testbed.py: arms x seeds)
-  testbed_v2      testbed v2 (issue 39): the decision has a signal; the paper's revision mechanism
+  testbed_v2      testbed v2: the KEEP / REVISE decision has a signal; the paper's revision mechanism
                   against a proposal-only ablation, 60 steps (docs/dpa_grpo.md, "Testbed v2")
   tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
   qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
@@ -17,6 +17,17 @@ import ml_collections
 
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
 _SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed", "testbed_v2")
+# Each size with one line (launchers' --help lists them); PRESET_NAMES adds the `<size>_<method>` ones.
+PRESETS = {
+  "cpu": "(default) tiny Qwen3-style model on synthetic TY24 forms, LoRA; about 10 min on 2 cores",
+  "tiny": "the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps; under a minute",
+  "testbed": "the copy-and-check testbed (launch/dpa_testbed.py: arms x seeds)",
+  "testbed_v2": "testbed v2: revision mechanism against a proposal-only ablation, 60 steps",
+  "qwen3_4b": "the paper's hyper-parameters on TaxCalcBench TY24; needs --config.model.checkpoint",
+  "qwen3_8b": "the same with Qwen3-8B; needs --config.model.checkpoint",
+  "<size>_<method>": "any size above with method grpo, dapo, gspo or zero_shot (e.g. tiny_grpo)",
+}
+PRESET_NAMES = (*_SIZES, *(f"{s}_{m}" for s in _SIZES for m in _METHODS))
 
 
 def parse_preset(preset: str) -> tuple[str, str]:
@@ -26,8 +37,10 @@ def parse_preset(preset: str) -> tuple[str, str]:
       return size, "dpa_grpo"
     if preset.startswith(size + "_") and preset[len(size) + 1 :] in _METHODS:
       return size, preset[len(size) + 1 :]
-  valid = [s for s in _SIZES] + [f"{s}_{m}" for s in _SIZES for m in _METHODS]
-  raise ValueError(f"configs/dpa_grpo.py: unknown preset {preset!r}; valid presets: {', '.join(valid)}")
+  raise ValueError(
+    f"configs/dpa_grpo.py: unknown preset {preset!r}; presets: {', '.join(_SIZES)}, each also as "
+    f"<size>_<method> for a method in {', '.join(_METHODS[1:])}"
+  )
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
@@ -330,7 +343,7 @@ def _testbed(c: ml_collections.ConfigDict) -> None:
 
 
 def _testbed_v2(c: ml_collections.ConfigDict) -> None:
-  """Testbed v2 (issue 39; docs/dpa_grpo.md, "Testbed v2"): v1's cases and warm start, but the
+  """Testbed v2 (docs/dpa_grpo.md, "Testbed v2"): v1's cases and warm start, but the
   KEEP / REVISE decision has something it can learn. Its prompt says which amount matches the field
   (`copycheck.decision_note`); its warm-start examples show wrong revisions from the line's answer
   pool (v1: corrupted amounts off it, so the decision learned "KEEP" on every play) and turn a

@@ -24,6 +24,14 @@ from configs.generators import generator_config
 # kace.projection.SOLVER_TEMPLATE), written out so that this file imports no library module;
 # tests/kace/config_test.py checks that they agree. kace.config.KaceConfig types this ConfigDict
 # once, in the launchers.
+# Each preset with one line (launchers' --help lists them; an unknown one is refused naming the closest).
+PRESETS = {
+  "cpu": "(default) a tiny solver trained here on synthetic maths, evaluated held out; minutes",
+  "testbed": "the latent-convention testbed: tiny solver, oracle teacher and curator, every method",
+  "testbed_v2": "testbed v2: shared kind words with conflicting rules, null problems, strict ADD",
+  "qwen3_4b": "a local Qwen3-4B on MATH levels 4-5; needs --config.roles.solver.checkpoint",
+  "openai": "any OpenAI-compatible server (vLLM, SGLang, lm-serve); needs --config.roles.solver.base_url",
+}
 DOMAINS = ("algebra", "geometry", "combinatorics", "number_theory")
 SOLVER_TEMPLATE = (
   "Solve the following math problem. Put the final answer in \\boxed{{}}.\n{notes}\nProblem: {question}"
@@ -316,6 +324,11 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   else:
     raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, testbed_v2, qwen3_4b, openai)")
   return c
+
+
+def get_sweep(h):
+  """Three seeds of the evaluation (lm-sweep): the spread a single run's numbers carry."""
+  return h.product([h.sweep("config.seed", [0, 1, 2])])
 
 
 def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str, str]:

@@ -2,19 +2,28 @@
 
   python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/ckpt/Qwen3-0.6B
 
-Presets: default (a checkpoint you name), tiny (random tiny Qwen3 weights; still needs
---config.model.tokenizer=DIR), for trying the server out on a CPU.
+Presets: default (a checkpoint you name), tiny (random tiny Qwen3 weights and a byte-level tokenizer
+built once into `build_tokenizer`), for trying the server out on a CPU in one command.
 """
 
 import ml_collections
 
 from configs.generators import generator_config
 
+# Each preset with one line (lm-serve --help lists them; an unknown one is refused naming the closest).
+PRESETS = {
+  "default": "a local HF checkpoint you name: --config.model.checkpoint=/path/Qwen3-0.6B",
+  "tiny": "random tiny Qwen3 weights and a byte-level tokenizer built once: the server on a CPU, one command",
+}
+
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # The local model: an HF checkpoint directory (tokenizer in it unless model.tokenizer is set).
   c.model = generator_config(kind="jax", checkpoint="", dtype="bfloat16")
+  # Where launch/serve.py builds a small byte-level BPE tokenizer (once) when the model has neither a
+  # checkpoint nor `model.tokenizer`; "" builds none (then one of them is required).
+  c.build_tokenizer = ""
   # Fields of lm.server.ServerConfig, except api_key_env: the environment variable holding the
   # API key clients must send ("" = no key; a named but unset variable is an error).
   c.server = ml_collections.ConfigDict(
@@ -48,7 +57,13 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   )
   if arg == "tiny":
     c.model.update(preset="tiny_qwen3", dtype="float32")
+    c.build_tokenizer = "~/.cache/lm_serve/byte_tokenizer"
     c.server.update(max_tokens=256)
   elif arg != "default":
     raise ValueError(f"configs/serve.py: unknown preset {arg!r}")
   return c
+
+
+def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str, str]:
+  """{field: Hugging Face id} of the weights the preset serves (launch/common.py refuses it empty)."""
+  return {} if preset == "tiny" else {"model.checkpoint": "Qwen/Qwen3-0.6B"}

@@ -19,7 +19,7 @@ from dpa_grpo import config as config_lib
 GATE_DRAFT = (0.4, 0.8)  # P(x right) of every line: about 0.5-0.7
 GATE_SAC_GAP = (0.1, 0.7)  # SAC rate on wrong drafts minus on right drafts: informative, far from perfect
 GATE_FIX = (0.2, 0.6)  # P(z right | x wrong) after a SAC
-# Testbed v2's gates (issue 39; written 2026-12-03 before any v2 run, docs/dpa_grpo.md "Testbed v2"),
+# Testbed v2's gates (pre-registered: written 2026-12-03 before any v2 run, docs/dpa_grpo.md "Testbed v2"),
 # on top of the three above: "the decision has a signal" means wrong revisions look like answers
 # (on the line's answer pool, so only a comparison with the field tells them apart), and the
 # greedy decision is not constant where REVISE pays: on SAC'd wrong drafts whose revision is right

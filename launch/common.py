@@ -22,6 +22,7 @@ keys, unless `--allow_config_change`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib.util
@@ -30,7 +31,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 from absl import app, flags, logging
@@ -41,18 +42,15 @@ from lm import progress, rundir
 T = TypeVar("T")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds configs/, launch/, lm/
 
-WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
-ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
-  "allow_config_change",
-  False,
-  "Resume a run directory whose saved config.json differs beyond the safe keys (the old one is "
-  "kept as config.<n>.json). Without it such a rerun stops and names the differing keys.",
-)
+# Defined by `define_workdir`, by the launchers that write a run directory (lm-serve and lm-plan
+# write none, so their --help does not offer the flags).
+WORKDIR: flags.FlagHolder | None = None
+ALLOW_CONFIG_CHANGE: flags.FlagHolder | None = None
 
 OVERRIDES_HELP = """\
-Config overrides: --<config flag>.<dotted key>=<value>, e.g. --config.train.steps=2 or
-'--config.methods=("kace",)'; a preset is chosen with --config=<file>.py:<preset>. An unknown key,
-a bad value or a missing input path stops at once with one line and exit status 2.
+Config overrides: --<config flag>.<dotted key>=<value> (examples above); a preset is chosen with
+--<config flag>=<file>.py:<preset>. An unknown key or preset, a bad value or a missing input path
+stops at once with one line naming the closest valid choice, exit status 2.
 Logging: quiet (warnings only) unless --verbosity=0 (INFO) or -v 1; progress lines always print."""
 
 # Config fields holding an input that must exist when set (outputs and caches are not listed).
@@ -68,6 +66,7 @@ PATH_FIELDS = (
 )
 
 _CONFIGS: dict[str, tuple[str, str]] = {}  # config flag name -> (config file, preset)
+SECOND_DEFAULTS: dict[str, str | None] = {}  # config flag name -> the default a second definer gave
 
 
 def fail(message: str) -> NoReturn:
@@ -76,6 +75,23 @@ def fail(message: str) -> NoReturn:
   sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
   sys.stderr.flush()
   sys.exit(2)
+
+
+def define_workdir(*, config_change: bool = True) -> flags.FlagHolder:
+  """Defines `--workdir` (and, with `config_change`, `--allow_config_change`) for a launcher that
+  writes a run directory; `WORKDIR` / `ALLOW_CONFIG_CHANGE` then hold them."""
+  global WORKDIR, ALLOW_CONFIG_CHANGE
+  if "workdir" in flags.FLAGS:  # lm-sweep's, when it imports the launcher it runs
+    return WORKDIR
+  WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
+  if config_change:
+    ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+      "allow_config_change",
+      False,
+      "Resume a run directory whose saved config.json differs beyond the safe keys (the old one is "
+      "kept as config.<n>.json). Without it such a rerun stops and names the differing keys.",
+    )
+  return WORKDIR
 
 
 # ---- config files and their overrides -----------------------------------------------------------------
@@ -109,7 +125,25 @@ def load_config_file(spec: str) -> Any:
   module = _config_module(path)
   if not hasattr(module, "get_config"):
     raise ValueError(f"config file {path} defines no get_config")
+  names = list(getattr(module, "PRESET_NAMES", getattr(module, "PRESETS", ())))
+  if preset and names and preset not in names:
+    close = difflib.get_close_matches(preset, names, n=1, cutoff=0.5)
+    listed = ", ".join(getattr(module, "PRESETS", names))
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown preset {preset!r}{hint} (presets: {listed})")
   return module.get_config(preset) if preset else module.get_config()
+
+
+def presets_help(name: str) -> list[str]:
+  """Lines of `--help` listing the presets of config flag `name` (its file's `PRESETS`), one each."""
+  path, _ = _CONFIGS.get(name, ("", ""))
+  presets = getattr(_config_module(path), "PRESETS", {}) if path else {}
+  if not presets:
+    return []
+  lines = [f"presets (--{name}={os.path.relpath(path, ROOT)}:<preset>):"]
+  width = max(len(p) for p in presets)
+  described = presets if isinstance(presets, dict) else dict.fromkeys(presets, "")
+  return lines + [f"  {p:<{width}}  {line}".rstrip() for p, line in described.items()]
 
 
 def _config_module(path: str) -> Any:
@@ -154,12 +188,20 @@ def check_overrides(name: str, config: Any, argv: Iterable[str]) -> None:
         fail(f"{why} (in {arg.split('=', 1)[0]})")
 
 
-def define_config(name: str, default: str, help_string: str = "") -> flags.FlagHolder:
+def define_config(name: str, default: str | None, help_string: str = "") -> flags.FlagHolder:
   """`config_flags.DEFINE_config_file(name, default)`, checked first: the file (from argv or the
   default, resolved by `resolve_config_path`) loads, and every `--name.<key>` override names a key
-  of it; else one line and exit 2, before the launcher does anything."""
+  of it; else one line and exit 2, before the launcher does anything. `default` None: the flag is
+  required. A second call for a name already defined returns the first flag (lm-sweep defines
+  `--config`, then imports the launcher it runs, which defines it again)."""
+  if name in _CONFIGS and name in flags.FLAGS:
+    SECOND_DEFAULTS[name] = default
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS[name])
   argv = sys.argv
   given = _flag_value(argv, name)
+  if not given and default is None:
+    _CONFIGS[name] = ("", "")
+    return config_flags.DEFINE_config_file(name, None, help_string or "Config file, file.py[:preset].")
   spec = resolve_config_path(given[1] if given else default)
   if given:
     i = given[0]
@@ -174,6 +216,26 @@ def define_config(name: str, default: str, help_string: str = "") -> flags.FlagH
   return config_flags.DEFINE_config_file(
     name, spec, help_string or f"Config file, file.py[:preset] (default {default}).", lock_config=True
   )
+
+
+def config_with_overrides(spec: str, overrides: Iterable[str]) -> Any:
+  """The ConfigDict a launcher gets from `--config=<spec> <overrides>`, parsed by ml_collections as
+  the launcher's own flag parses it (lm-sweep checks each point with it before running any).
+  Raises ValueError naming the first unknown key (with the closest valid one) or bad value."""
+  overrides = list(overrides)
+  base = load_config_file(spec)
+  for arg in overrides:
+    match = re.match(r"--?(?:no)?config\.([^=]+)", arg)
+    why = unknown_key(base, match.group(1)) if match else f"not a --config.<key>=<value> override: {arg}"
+    if why:
+      raise ValueError(why)
+  values, argv = flags.FlagValues(), ["lm-sweep", f"--config={spec}", *overrides]
+  holder = config_flags.DEFINE_config_file("config", spec, flag_values=values, sys_argv=argv)
+  try:
+    values(argv)
+  except flags.Error as e:
+    raise ValueError(str(e)) from None
+  return holder.value
 
 
 def config_source(name: str) -> tuple[str, str]:
@@ -233,19 +295,25 @@ def check_paths(config: Any, prefix: str = "config.") -> None:
       raise ValueError(f"{prefix}{field}: {value} does not exist")
 
 
+def build_typed(name: str, config: Any, make: Callable[[Any], T]) -> T:
+  """`make(config)`, the typed config of config flag `name`, with every check done before any work:
+  the preset's real weights, the typed records' own checks, the input paths. Raises ValueError
+  (TypeError, KeyError) naming the field; `typed` and lm-sweep (every point) share it."""
+  for field, hf_id in required_weights(name, config).items():
+    _, preset = _CONFIGS[name]
+    raise ValueError(
+      f"{field} is empty: the {preset or 'default'} preset needs real weights; download {hf_id} "
+      f"(huggingface-cli download {hf_id} --local-dir /path) and pass --{name}.{field}=/path"
+    )
+  typed_config = make(config)
+  check_paths(typed_config, f"--{name}.")
+  return typed_config
+
+
 def typed(flag: flags.FlagHolder, make: Callable[[Any], T]) -> T:
-  """`make(flag.value)`, the typed config of a config flag, with every check done before any work:
-  the preset's real weights, the typed records' own checks, the input paths. A failure is one line
-  naming the field, exit status 2."""
+  """`build_typed` for the launcher's config flag: a failure is one line naming the field, exit 2."""
   try:
-    for field, hf_id in required_weights(flag.name, flag.value).items():
-      _, preset = _CONFIGS[flag.name]
-      raise ValueError(
-        f"{field} is empty: the {preset} preset needs real weights; download {hf_id} "
-        f"(huggingface-cli download {hf_id} --local-dir /path) and pass --{flag.name}.{field}=/path"
-      )
-    config = make(flag.value)
-    check_paths(config, f"--{flag.name}.")
+    config = build_typed(flag.name, flag.value, make)
   except (ValueError, TypeError, KeyError) as e:
     fail(str(e) if str(e).startswith(f"--{flag.name}") else f"--{flag.name}: {e}")
   path, preset = _CONFIGS.get(flag.name, ("", ""))
@@ -257,15 +325,30 @@ def typed(flag: flags.FlagHolder, make: Callable[[Any], T]) -> T:
   return config
 
 
-def work(what: str) -> Any:
+@contextlib.contextmanager
+def work(what: str) -> Iterator[None]:
   """The progress phase (`lm.progress`) a launcher runs its library call in, once its config is
-  checked: a start line, a line at least every 30 s, an end line, whatever the log verbosity."""
-  return progress.phase(f"{os.path.basename(sys.argv[0])}: {what}")
+  checked: a start line, a line at least every 30 s, an end line, whatever the log verbosity. A
+  stage directory of another config (a testbed's arm, a part of the main job) stops in one line."""
+  with progress.phase(f"{os.path.basename(sys.argv[0])}: {what}"):
+    try:
+      yield
+    except rundir.ConfigFileError as e:
+      fail(config_change_message(e))
+
+
+def config_change_message(error: rundir.ConfigFileError) -> str:
+  """The one line for a run directory that holds another config, naming this launcher's flag."""
+  return f"--workdir: {str(error).replace('allow config changes', 'pass --allow_config_change')}"
 
 
 def prepare_workdir(config: Any) -> str:
-  """`--workdir` created, checked against and stamped with `config` (see the module docstring)."""
-  return rundir.prepare_workdir(WORKDIR.value, config, allow_changes=ALLOW_CONFIG_CHANGE.value)
+  """`--workdir` created, checked against and stamped with `config` (see the module docstring); a
+  rerun with another config stops in one line naming the differing keys."""
+  try:
+    return rundir.prepare_workdir(WORKDIR.value, config, allow_changes=ALLOW_CONFIG_CHANGE.value)
+  except rundir.ConfigFileError as e:
+    fail(config_change_message(e))
 
 
 # ---- running -------------------------------------------------------------------------------------------
@@ -282,8 +365,11 @@ def help_text(module: Any) -> str:
     if key in by_module and key not in seen:
       seen.add(key)
       for flag in sorted(by_module[key], key=lambda f: f.name):
-        default = "" if flag.default is None else f" (default: {flag.default_as_str or flag.default!r})"
+        shown = isinstance(flag.default, str | int | float | list) and flag.default not in ("", [])
+        default = f" (default: {flag.default})" if shown else ""  # a config flag's help names its file
         parts.append(f"  --{flag.name}: {flag.help}{default}")
+  for name in [n for n in _CONFIGS if n in flags.FLAGS]:
+    parts += ["", *presets_help(name)]
   parts += ["", OVERRIDES_HELP, "", "--helpfull lists every flag of every module."]
   return "\n".join(parts) + "\n"
 
@@ -307,7 +393,8 @@ def run(main: Callable[[list[str]], Any], *, required: Iterable[str] = ("workdir
     app.usage(writeto_stdout=True)
     sys.exit(0)
   for name in required:
-    flags.mark_flag_as_required(name)
+    if flags.FLAGS[name].default is None:  # a config flag given on the command line has its file
+      flags.mark_flag_as_required(name)
   verbose = any(re.match(r"--?(verbosity|v)(=|$)", a) for a in argv[1:])
 
   def quiet_main(args: list[str]) -> Any:

@@ -1,4 +1,4 @@
-"""Trains generator and verifier with DPA-GRPO (or a baseline) and writes the report.
+r"""Trains generator and verifier with DPA-GRPO (or a baseline) and writes the report.
 
 The default config is the CPU-scale reproduction (warm start, DPA-GRPO, generator-only GRPO, the
 report with the theory overlay; about 10 minutes on 2 cores). See configs/dpa_grpo.py,
@@ -6,6 +6,8 @@ docs/dpa_grpo.md.
 
   python -m launch.dpa_grpo --workdir=runs/dpa_grpo                 # CPU default, synthetic forms
   python -m launch.dpa_grpo --config=configs/dpa_grpo.py:tiny --workdir=/tmp/dpa_tiny
+  python -m launch.dpa_grpo --workdir=/tmp/dpa_k3 --config.loss.kl=k3 --config.loss.beta=0.01 \
+      --config.train.steps=50
   python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=... \
       --config.model.checkpoint=/models/Qwen3-4B --config.data.root=.../ty24/test_data
 """
@@ -16,11 +18,17 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/dpa_grpo.py")
+common.define_workdir()
+
+
+def typed_config(config) -> ExperimentConfig:
+  """The typed config of this launcher (lm-sweep checks every point with it)."""
+  return ExperimentConfig.from_dict(config.to_dict())
 
 
 def main(argv):
   del argv
-  config = common.typed(_CONFIG, lambda c: ExperimentConfig.from_dict(c.to_dict()))  # typed once, here
+  config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
   with common.work(f"{config.method} into {workdir}"):

@@ -20,6 +20,7 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/dpa_grpo.py:testbed")
+common.define_workdir()
 _ARMS = flags.DEFINE_list(
   "arms",
   [],
@@ -38,9 +39,14 @@ _OTHER = flags.DEFINE_string(
 )
 
 
+def typed_config(config) -> ExperimentConfig:
+  """The typed config of this launcher (lm-sweep checks every point with it)."""
+  return ExperimentConfig.from_dict(config.to_dict())
+
+
 def main(argv):
   del argv
-  config = common.typed(_CONFIG, lambda c: ExperimentConfig.from_dict(c.to_dict()))  # typed once, here
+  config = common.typed(_CONFIG, typed_config)  # typed once, here
   unknown = sorted(set(_ARMS.value) - set(testbed.ALL_ARMS))
   if unknown:
     common.fail(f"--arms: unknown arm(s) {unknown}; arms are {list(testbed.ALL_ARMS)}")

@@ -1,4 +1,4 @@
-"""Learns the artefacts (KACE trees, ablation trees, ACE playbook, GEPA prompt) that the methods of
+r"""Learns the artefacts (KACE trees, ablation trees, ACE playbook, GEPA prompt) that the methods of
 `config.methods` read, into a run directory. See configs/kace.py and docs/kace.md ("Learning").
 
 python -m launch.kace_build --workdir=/tmp/kace_build '--config.methods=("kace",)'     # CPU scale
@@ -12,10 +12,16 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/kace.py")
+common.define_workdir()
+
+
+def typed_config(config) -> kace_config.KaceConfig:
+  """The typed config of this launcher (lm-sweep checks every point with it)."""
+  return kace_config.KaceConfig.from_dict(config)
 
 
 def main(_):
-  config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
+  config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
   with common.work(f"build into {workdir}"):

@@ -10,10 +10,16 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/kace.py")
+common.define_workdir()
+
+
+def typed_config(config) -> kace_config.KaceConfig:
+  """The typed config of this launcher (lm-sweep checks every point with it)."""
+  return kace_config.KaceConfig.from_dict(config)
 
 
 def main(_):
-  config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
+  config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
   # resolved first: evaluate.run records the resolved config, which a resume must compare against
   with common.work(f"evaluation into {common.WORKDIR.value}"):

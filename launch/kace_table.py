@@ -3,6 +3,7 @@
 See configs/kace.py and docs/kace.md ("The table").
 
 python -m launch.kace_table --workdir=/tmp/kace_table                    # CPU scale, synthetic maths
+python -m launch.kace_table --workdir=/tmp/kace_table_3 '--config.table.methods=("best_of_n","tiered","kace")'
 """
 
 from kace import budget, data, pipeline
@@ -11,10 +12,16 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/kace.py")
+common.define_workdir()
+
+
+def typed_config(config) -> kace_config.KaceConfig:
+  """The typed config of this launcher (lm-sweep checks every point with it)."""
+  return kace_config.KaceConfig.from_dict(config)
 
 
 def main(_):
-  config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
+  config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
   workdir = common.prepare_workdir(config)
   with common.work(f"table into {workdir}"):

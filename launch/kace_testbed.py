@@ -17,11 +17,17 @@ from launch import common
 from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/kace.py:testbed")
+common.define_workdir()
 _GATES_ONLY = flags.DEFINE_bool("gates_only", False, "only build the solver; measure its gates and card map")
 
 
+def typed_config(config) -> kace_config.KaceConfig:
+  """The typed config of this launcher (lm-sweep checks every point with it)."""
+  return kace_config.KaceConfig.from_dict(config)
+
+
 def main(_):
-  config = common.typed(_CONFIG, kace_config.KaceConfig.from_dict)  # typed once, here
+  config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
   with common.work(f"testbed into {common.WORKDIR.value}"):
     path = pipeline.run_testbed(

@@ -36,15 +36,16 @@ PARTS = ("dpa_grpo", "kace")
 _DPA = common.define_config("dpa_config", "configs/dpa_grpo.py:testbed")
 _KACE = common.define_config("kace_config", "configs/kace.py:testbed")
 _THEORY = common.define_config("theory_config", "configs/theory.py")
+common.define_workdir()
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {list(PARTS)}.")
 
-# What each part does and how long it takes on a 2-core CPU machine (README.md, 2026-12-01: the
-# whole job 50.6 min from empty caches, 2-core AMD EPYC with AVX2, load 2-5).
+# What each part does and how long it takes on a 2-core CPU machine (docs/results/2026-12-01-main-job.md:
+# the whole job 50.6 min from empty caches, DPA-GRPO 12.0 of them; 2-core AMD EPYC with AVX2, load 2-5).
 PLAN = {
   "dpa_grpo": (
     "theory figures; warm start (built once into ~/.cache/dpa_grpo/, a few minutes); step-0 "
     "gates; four arms x three seeds; the report",
-    "about 14 min with the warm start built from scratch",
+    "about 12 min with the warm start built from scratch",
   ),
   "kace": (
     "solver build (once into ~/.cache/kace/, 11-17 min); solver gates; every method x three "
@@ -173,6 +174,8 @@ def main(argv):
       with progress.phase(_TITLES[part], PLAN[part][1]):
         report = _RUNNERS[part](sub, configs, common.ALLOW_CONFIG_CHANGE.value)
       status = "done"
+    except rundir.ConfigFileError as e:  # a part's directory holds another config: one line, exit 2
+      common.fail(common.config_change_message(e))
     except GateError as e:  # the other part still runs; the job exits non-zero at the end
       logging.error("%s stopped at its gates: %s", part, e)
       report, status = os.path.join(sub, "report.md"), f"stopped at its gates ({e})"

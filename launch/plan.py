@@ -1,4 +1,4 @@
-"""Plans a preset for a target: compiles its programs ahead of time, picks mesh / remat / micro-batch
+r"""Plans a preset for a target: compiles its programs ahead of time, picks mesh / remat / micro-batch
 that fit with headroom, prints `--config.*` overrides (docs/scale.md).
 
   python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8
@@ -7,7 +7,11 @@ that fit with headroom, prints `--config.*` overrides (docs/scale.md).
 
 TPU targets need .plan_venvs/tpu, GPU targets .plan_venvs/cuda (scripts/plan_venvs.sh builds both;
 scripts/plan_table.sh runs every preset and target and renders the table). Run from the repository
-root with the venv's python: `.plan_venvs/cuda/bin/python -m launch.plan ...`.
+root with the venv's python: `.plan_venvs/cuda/bin/python -m launch.plan ...`. Without the venv a
+TPU / GPU target stops at once, saying which venv to build.
+
+  .plan_venvs/cuda/bin/python -m launch.plan --config=configs/dpa_grpo.py:qwen3_8b --target=h200x8 \
+      --config.train.pairs_per_chunk=16             # plan from an override
 """
 
 import os
@@ -26,6 +30,7 @@ for _name, _value in (
 
 import datetime  # noqa: E402
 import functools  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 
@@ -49,6 +54,24 @@ _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markd
 _MARKDOWN = flags.DEFINE_string("markdown", "docs/scale.md", "Where --render writes the table.")
 
 
+# The compiler each platform's deviceless compile needs: (module, the venv scripts/plan_venvs.sh builds).
+_BACKENDS = {"tpu": ("libtpu", "tpu"), "cuda": ("jax_cuda12_plugin", "cuda")}
+
+
+def missing_backend(platform: str) -> str | None:
+  """What to do when this Python lacks the compiler of `platform`'s targets; None when it has it."""
+  if platform not in _BACKENDS:
+    return None
+  module, venv = _BACKENDS[platform]
+  if importlib.util.find_spec(module) is not None:
+    return None
+  return (
+    f"{platform} targets compile with {module}, which this Python lacks; build its venv once with "
+    f"`bash scripts/plan_venvs.sh {venv}`, then run `.plan_venvs/{venv}/bin/python -m launch.plan ...` "
+    "from the repository root"
+  )
+
+
 def main(argv):
   del argv
   if _RENDER.value:
@@ -62,6 +85,10 @@ def main(argv):
     names = plan_lib.target_names(_TARGET.value)  # an unknown target stops before any compile
   except ValueError as e:
     common.fail(f"--target: {e}")
+  for name in names:
+    missing = missing_backend(plan_lib.TARGETS[name].platform)
+    if missing:
+      common.fail(f"--target={name}: {missing}")
   path, preset_name = common.config_source("config")
   preset = f"{os.path.relpath(path, common.ROOT)}:{preset_name}"  # as the table names it
   # The job's planner: DPA-GRPO trains (accumulate, apply, sampler), KACE samples only.

@@ -72,12 +72,15 @@ COMMANDS = {
   "python -m launch.theory --workdir=runs/theory": _RUNS + "test_theory_smoke_run_writes_its_figures",
   "python -m launch.serve --config=configs/serve.py --config.model.checkpoint=/models/Qwen3-4B":
     _RUNS + "test_serve_tiny_answers_and_stops_on_ctrl_c",
+  "python -m launch.serve --config=configs/serve.py:tiny":
+    _RUNS + "test_serve_tiny_answers_and_stops_on_ctrl_c",
   ".plan_venvs/cuda/bin/python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8":
     "not CI: the deviceless CUDA compiler's own venv (scripts/plan_venvs.sh, ~0.5 GB) and a 4B compile "
     "of many minutes; the same code path at tiny size on the CPU: tests/lm/plan_test.py::"
     "test_plan_compiles_the_tiny_preset_and_its_overrides_fit_and_parse_back",
-  "python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=DIR":
-    _RUNS + "test_sweep_over_theory_lists_one_run_per_point",
+  "python -m launch.sweep --config=configs/theory.py:smoke --launcher=launch.theory --sweep=loss.kl=k1,k3 "
+  "--workers=2 --workdir=DIR":
+    _RUNS + "test_sweep_over_theory_runs_two_points_at_once_resumes_and_summarises",
 }  # fmt: skip
 # `python -m benchmarks...` commands: the full runs take tens of minutes, so their test runs the same
 # harness at the quick shape (a baseline commit included).
@@ -126,7 +129,8 @@ def test_every_readme_command_is_run_by_a_test():
     assert re.search(rf"^def {name}\(", (root / path).read_text(), re.M), f"{runner} (for {command}) is gone"
 
 
-# The README is a user guide: its history lives in dated files under docs/results/ (issue 36).
+# The README is a user guide: its history of runs lives in dated files under docs/results/, so it
+# stays short enough to read (tunix, TRL and maxtext keep theirs under 16 KB).
 README_MAX_LINES = 250
 # Files the README may link before they are committed (another change of the same issue writes them).
 _PENDING_LINKS = {"docs/scale.md"}

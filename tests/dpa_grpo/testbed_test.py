@@ -196,7 +196,7 @@ def test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size(t
   assert not any((workdir / arm).exists() for arm in testbed.ARMS)
 
 
-# ---- testbed v2 (issue 39): the conditional decision rates, its gates, its arms, its report ----
+# ---- testbed v2: the conditional decision rates, its gates, its arms, its report ----
 
 
 def _unit(line, x_right, sac, action=None, z_right=None, forced=False, step=None):

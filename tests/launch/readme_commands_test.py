@@ -4,6 +4,8 @@
 runs it; these are the ones no other test ran. Each takes seconds to a minute on 2 cores.
 """
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -15,7 +17,6 @@ import urllib.request
 
 import pytest
 
-from tests.lm.generator_helpers import CHAT_WORDS
 from tests.lm.tokenizer_helpers import make_tiny_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -42,26 +43,32 @@ def test_theory_smoke_run_writes_its_figures(tmp_path):
   assert numbers and (tmp_path / "phase_portrait.png").stat().st_size > 1000
 
 
-def test_sweep_over_theory_lists_one_run_per_point(tmp_path):
-  """`python -m launch.sweep --config=configs/theory.py --launcher=launch.theory --workdir=DIR`, as
-  a dry run (its points are `launch.theory` runs, tested above; nine full ones take minutes)."""
-  args = ["launch.sweep", "--config=configs/theory.py", "--launcher=launch.theory", f"--workdir={tmp_path}"]
-  done = _run([*args, "--dry_run"], timeout=300)
-  points = [line for line in done.stdout.splitlines() if "launch.theory" in line]
-  assert len(points) == 9 and all("--config.loss.beta=" in p for p in points)
+def test_sweep_over_theory_runs_two_points_at_once_resumes_and_summarises(tmp_path):
+  """`python -m launch.sweep --config=configs/theory.py:smoke --launcher=launch.theory
+  --sweep=loss.kl=k1,k3 --workers=2 --workdir=DIR`, as written: both points run, a rerun runs none,
+  the summary has a row of final numbers per point."""
+  args = ["launch.sweep", "--config=configs/theory.py:smoke", "--launcher=launch.theory",
+          "--sweep=loss.kl=k1,k3", "--workers=2", f"--workdir={tmp_path}"]  # fmt: skip
+  _run(args, timeout=600)
+  logs = sorted(tmp_path.glob("*/sweep.log"))
+  assert [p.parent.name for p in logs] == ["000_loss.kl=k1", "001_loss.kl=k3"]
+  stamps = [p.stat().st_mtime_ns for p in logs]
+  again = _run(args, timeout=300)
+  assert "2 already done" in again.stderr and [p.stat().st_mtime_ns for p in logs] == stamps
+  rows = (tmp_path / "summary.csv").read_text().splitlines()
+  assert len(rows) == 3 and rows[0].startswith("point,loss.kl,status,wall_s,") and ",done," in rows[1]
+  assert (tmp_path / "summary.md").read_text().startswith("| point | loss.kl | status |")
 
 
 def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):
-  """`python -m launch.serve --config=configs/serve.py ...` with the tiny preset (the README's
-  checkpoint is a real Qwen3): it listens, answers a completion, and exits cleanly on SIGINT."""
-  tokenizer = make_tiny_tokenizer(tmp_path, vocab_words=CHAT_WORDS)
-  command = [
-    sys.executable, "-m", "launch.serve", "--config=configs/serve.py:tiny",
-    f"--config.model.tokenizer={tokenizer}", "--config.server.port=0",
-  ]  # fmt: skip
+  """`python -m launch.serve --config=configs/serve.py ...` as docs/serving.md's CPU recipe runs it
+  (the README's checkpoint is a real Qwen3): the tiny preset builds its tokenizer (under a fresh
+  HOME), listens, answers a completion and the recipe's `openai` snippet, and exits cleanly on SIGINT."""
+  command = [sys.executable, "-m", "launch.serve", "--config=configs/serve.py:tiny", "--config.server.port=0"]
   log = tmp_path / "server.log"  # a file, polled: a pipe read line by line blocks when nothing comes
   with open(log, "w") as f:
-    server = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+    env = {**_env(), "HOME": str(tmp_path)}
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
   try:
     base_url, deadline = None, time.time() + 300
     while base_url is None and time.time() < deadline:
@@ -79,6 +86,13 @@ def test_serve_tiny_answers_and_stops_on_ctrl_c(tmp_path):
     with urllib.request.urlopen(request, timeout=300) as response:
       answer = json.loads(response.read())
     assert answer["usage"]["completion_tokens"] >= 1
+    assert (tmp_path / ".cache" / "lm_serve" / "byte_tokenizer" / "tokenizer.json").exists()
+    recipe = open(os.path.join(ROOT, "docs", "serving.md")).read().split("### On a CPU, in one command")[1]
+    snippet = re.search(r"```python\n(.*?)```", recipe, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      exec(snippet.replace("http://127.0.0.1:8000/v1", base_url), {})
+    assert int(printed.getvalue().split()[-1]) >= 1  # the reply's completion tokens
     server.send_signal(signal.SIGINT)
     assert server.wait(timeout=60) == 0
   finally:
