@@ -58,9 +58,14 @@ def verdicts(result: Mapping, bootstrap: int = 2000) -> list[dict]:
   for p in V3:
     by_reader = {}
     for name, outcomes in result["outcomes"].items():
+      applied = None
+      if p.number in REFINE_CLAIMS:  # judged on the builds where REFINE made operations only
+        per_build = result["counts"][name]["kace"]
+        applied = dict(zip((f"build{c['build']}" for c in per_build), refine_applied(per_build), strict=True))
+        outcomes = {arm: {k: v for k, v in by.items() if applied[k[0]] > 0} for arm, by in outcomes.items()}
       j = predictions.judge(p, outcomes, bootstrap, subsets(outcomes), clustered=True)
-      if p.number in REFINE_CLAIMS:
-        j["refine_applied"] = refine_applied(result["counts"][name]["kace"])
+      if applied is not None:
+        j["refine_applied"] = list(applied.values())
       by_reader[name] = j
     distinct = {j["verdict"] for j in by_reader.values()}
     rows.append({"prediction": p.number, "claim": str(p), "readers": by_reader, "tested": len(distinct) > 1})
@@ -80,6 +85,10 @@ def markdown(rows: Sequence[Mapping], result: Mapping) -> str:
       est = "–" if j["mean"] is None else f"{j['mean']:+.3f}"
       cells.append(f"{est} {ci} **{j['verdict']}**")
     tested = "tested (readers disagree)" if r["tested"] else "not tested (readers agree)"
+    if any("refine_applied" in j for j in r["readers"].values()):
+      tested += "; builds with REFINE operations: " + ", ".join(
+        f"{n} {sum(a > 0 for a in r['readers'][n]['refine_applied'])}" for n in names
+      )
     lines.append(f"| {r['prediction']} | {r['claim']} | " + " | ".join(cells) + f" | {tested} |")
   lines += ["", "Accuracy on the test split, mean over builds [95% interval clustered by build]:", ""]
   lines += ["| arm | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]

@@ -116,3 +116,8 @@ def test_a_prediction_is_tested_only_where_the_readers_disagree():
     result["counts"] = {"r1": counts, "r2": counts}
     row = v3_verdicts.verdicts(result, bootstrap=200)[0]
     assert row["prediction"] == "v3-1" and row["tested"] is tested
+  refine = {"kace": [{"build": b, "edit_applied": int(b < 2)} for b in range(4)]}
+  arms = {a: win if a == "kace" else lose for a in ("kace", "add_no_refine")}
+  rows = v3_verdicts.verdicts({"outcomes": {"r1": arms}, "counts": {"r1": refine}}, bootstrap=200)
+  row = next(r for r in rows if r["prediction"] == "v3-9")["readers"]["r1"]
+  assert row["problems"] == 40 and row["refine_applied"] == [1, 1, 0, 0]  # builds 2, 3 made none
