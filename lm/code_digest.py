@@ -61,6 +61,19 @@ def _imports(tree: ast.AST, name: str, is_package: bool) -> set[str]:
   return out
 
 
+_IMPORTS: dict[tuple[str, str], frozenset[str]] = {}  # (sha256 of the bytes, module name) -> imports
+
+
+def _module_imports(path: str, name: str) -> frozenset[str]:
+  """`_imports` of the file at `path` as module `name`, parsed once per content."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  key = (hashlib.sha256(raw).hexdigest(), name)
+  if key not in _IMPORTS:
+    _IMPORTS[key] = frozenset(_imports(ast.parse(raw, filename=path), name, path.endswith("__init__.py")))
+  return _IMPORTS[key]
+
+
 def normalized_source(path: str) -> str:
   """`path`'s syntax tree without docstrings or positions (`ast.dump`): equal for two files that
   differ only in comments, docstrings and layout."""
@@ -101,9 +114,7 @@ def import_closure(
     if path is None:  # `from a import b` where b is a name in a, not a module
       continue
     found[name] = path
-    with open(path, encoding="utf-8") as f:
-      tree = ast.parse(f.read(), filename=path)
-    todo.extend(_imports(tree, name, path.endswith("__init__.py")))
+    todo.extend(_module_imports(path, name))
   return dict(sorted(found.items()))
 
 
