@@ -23,6 +23,10 @@ are honest stand-ins, not cheats:
   other; as ACE's curator the curator fits H to the evidence of all the batch's reflections per kind
   word (abstaining below two agreeing, as the teacher does) and adds each fitted card the playbook
   lacks. No noise in these roles.
+- GEPA's reflection LM (the teacher role; the prompt is the `gepa` library's default instruction
+  proposal, `baselines.SolverAdapter.make_reflective_dataset`'s rows in it): it fits H per kind word
+  to the examples whose feedback gives the correct answer and returns the current instruction with
+  a card line per fitted rule in place of that kind word's earlier lines (`gepa_instruction`).
 
 Both implement `lm.generators.TextGenerator`, so the learner calls them like any model.
 """
@@ -117,6 +121,31 @@ def ace_delta(prompt: str, form: str, min_agree: int = 2) -> str:
   return json.dumps({"operations": ops, "by": LABEL})
 
 
+_GEPA = "I provided an assistant with the following instructions"
+_GOLD_RE = re.compile(r"the correct answer is (?P<gold>-?\d+)")
+
+
+def gepa_instruction(prompt: str, form: str, min_agree: int = 2) -> str:
+  """GEPA's reflection reply: the new instruction in a ``` block (module docstring)."""
+  current = prompt.split("```", 2)[1].strip("\n")
+  by_kind: dict[str, list[tuple[int, int]]] = {}
+  for example in prompt.split("\n# Example ")[1:]:
+    inputs = example.split("## Inputs\n", 1)[-1].split("\n## ", 1)[0]
+    parsed, gold = testbed.parse_question(inputs), _GOLD_RE.search(example.split("## Feedback", 1)[-1])
+    if parsed is not None and gold:
+      by_kind.setdefault(parsed[0], []).append((parsed[1], int(gold.group("gold"))))
+  fitted = {}
+  for kind in sorted(by_kind):
+    rule, agree = testbed.fit(by_kind[kind])
+    if agree >= min_agree:
+      fitted[kind] = testbed.card_text(kind, rule, form)
+  if not fitted:
+    return f"```\n{current}\n```"
+  kept = [line for line in current.splitlines() if not {k for k, _ in testbed.cards_in(line)} & set(fitted)]
+  lines = kept + [f"- [{testbed.CARD_TYPE}] {text}" for text in fitted.values()]
+  return "```\n" + "\n".join(lines) + "\n```"
+
+
 class OracleTeacher:
   """The teacher role played by a program that fits H to the shown failures (module docstring).
 
@@ -149,6 +178,8 @@ class OracleTeacher:
   def reply(self, prompt: str) -> str:
     if prompt.startswith(_REVIEW):
       return reflect(prompt)
+    if prompt.startswith(_GEPA):
+      return gepa_instruction(prompt, self.form, self.min_agree)
     by_kind: dict[str, list[tuple[int, int]]] = {}
     for kind, base, gold in shown_failures(prompt):
       by_kind.setdefault(kind, []).append((base, gold))

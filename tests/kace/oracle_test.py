@@ -161,3 +161,27 @@ def test_ace_reflector_and_curator_give_evidence_tags_and_a_non_empty_delta():
   )
   assert baselines.parse_delta(curator.reply(ask("(empty)")), 3, 600) == (("convention", "addthree=total"),)
   assert baselines.parse_delta(curator.reply(ask(playbook)), 3, 600) == ()  # already in the playbook
+
+
+def test_gepa_reflection_puts_the_fitted_rule_into_the_instruction():
+  """GEPA's reflection LM played by the oracle: from the library's own prompt (its default instruction
+  proposal over `SolverAdapter`'s feedback rows) it returns the instruction with the rule fitted to
+  the examples' correct answers, replacing an earlier card of that kind word; GEPA's extractor reads it."""
+  from gepa.strategies.instruction_proposal import InstructionProposalSignature as Sig
+
+  add3 = testbed.Convention("add", 3)
+  rows = [
+    {"Inputs": testbed.question("total", a, "+", b, "keyed"), "Generated Outputs": "=totaltimestwo: 7",
+     "Feedback": f"Wrong: answered 1, the correct answer is {add3.apply(a + b)}."}
+    for a, b in ((3, 4), (2, 2), (1, 1))
+  ] + [{"Inputs": "sum: 1 + 1", "Generated Outputs": "2", "Feedback": "Correct."}]  # fmt: skip
+  current = "Solve it.\n- [convention] timestwo=total"
+
+  def propose(shown):
+    prompt = Sig.prompt_renderer(
+      {"current_instruction_doc": current, "dataset_with_feedback": shown, "prompt_template": None}
+    )
+    return Sig.output_extractor(oracle.OracleTeacher(form="keyed").reply(prompt))["new_instruction"]
+
+  assert propose(rows) == "Solve it.\n- [convention] addthree=total"
+  assert propose(rows[:1]) == current  # one agreeing example: the oracle abstains
