@@ -3,9 +3,10 @@
 Why (issue 47, item 6): a prediction counts as *tested* only where fixed readers that could stand in
 for the solver give different verdicts; if every reader gives the same one, the testbed's
 construction gives it, whatever a trained solver does. This module judges each prediction (docs/
-kace_v3.md) for every reader of `kace.readers.READERS` on the arms of `kace.v3_arms`, with the
-bootstrap clustered by build (`kace.predictions.judge(clustered=True)`), and labels it tested or
-not. Every number it writes is a scripted reader's, with the programmatic teacher.
+kace_v3.md) for every reader of `kace.readers.READERS` on the arms of `kace.v3_arms` (their trees
+built by `kace.v3_learn`), with the bootstrap clustered by build
+(`kace.predictions.judge(clustered=True)`), and labels it tested or not. Every number it writes is
+a scripted reader's, with the programmatic teacher.
 
     python -m launch.kace_v3_readers --workdir=/tmp/kace_v3_readers
 """
@@ -16,7 +17,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from kace import predictions, readers, v3_arms
+from kace import predictions, readers, v3_learn
 
 P = predictions.Prediction
 # Registered in docs/kace_v3.md before any trained arm runs; "main": the class-dependent family,
@@ -116,7 +117,7 @@ def markdown(rows: Sequence[Mapping], result: Mapping) -> str:
 
 def run(workdir: str, builds: Sequence[int] = BUILDS, bootstrap: int = 2000) -> list[dict]:
   """Every reader on every arm and build; writes `verdicts.json` and `readers.md` to `workdir`."""
-  result = v3_arms.run(readers.READERS, builds, progress=print)
+  result = v3_learn.run(readers.READERS, builds, progress=print)
   rows = verdicts(result, bootstrap)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "verdicts.json"), "w") as f:

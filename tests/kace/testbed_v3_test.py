@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kace import readers, testbed, testbed_v3, v3_arms, v3_verdicts
+from kace import readers, testbed, testbed_v3, v3_arms, v3_learn, v3_verdicts
 
 
 def test_one_cue_needs_different_rules_by_domain_and_class_and_the_control_ignores_the_class():
@@ -63,18 +63,18 @@ def test_curator_operations_apply_each_as_stated():
   layout = v3_arms.Layout()
   ms, hs = ("MS", "algebra"), ("HS", "algebra")
   tree = v3_arms.Tree(layout, 2, {ms: [("total", add3), ("total", add6)]})
-  moved = v3_arms.apply_operation(tree, ("relocate", (ms, ("total", add6), hs)))
+  moved = v3_learn.apply_operation(tree, ("relocate", (ms, ("total", add6), hs)))
   assert moved.blocks[ms] == (("total", add3),) and moved.blocks[hs] == (("total", add6),)
-  assert v3_arms.apply_operation(tree, ("delete", (ms, ("total", add3)))).blocks[ms] == (("total", add6),)
-  edited = v3_arms.apply_operation(tree, ("edit", (ms, ("total", add3), mul2)))
+  assert v3_learn.apply_operation(tree, ("delete", (ms, ("total", add3)))).blocks[ms] == (("total", add6),)
+  edited = v3_learn.apply_operation(tree, ("edit", (ms, ("total", add3), mul2)))
   assert edited.blocks[ms] == (("total", mul2), ("total", add6))
   every = v3_arms.Tree(layout, 2, {("MS", d): [("tally", mul2)] for d in testbed_v3.DOMAINS})
-  demoted = v3_arms.apply_operation(every, ("demote", ("MS", ("tally", mul2))))
+  demoted = v3_learn.apply_operation(every, ("demote", ("MS", ("tally", mul2))))
   assert demoted.blocks[v3_arms.UNIVERSAL] == (("tally", mul2),)
   assert all(demoted.blocks[("MS", d)] == () for d in testbed_v3.DOMAINS)
-  ops = v3_arms.curator_operations(tree, {(ms, 0): -1, (ms, 1): 0})
+  ops = v3_learn.curator_operations(tree, {(ms, 0): -1, (ms, 1): 0})
   assert ("relocate", (ms, ("total", add3), hs)) in ops and ("merge", (ms, ("total", add6))) in ops
-  assert ("demote", ("MS", ("tally", mul2))) in v3_arms.curator_operations(every, {})
+  assert ("demote", ("MS", ("tally", mul2))) in v3_learn.curator_operations(every, {})
   with pytest.raises(ValueError, match="at most 2 cards"):
     tree.with_cards(ms, [("total", add3), ("total", add6), ("tally", mul2)])
 
@@ -83,17 +83,17 @@ def test_cell_rule_exit_or_first_tier_missing_the_kind():
   p, rules = _problem()
   outcome = v3_arms.Outcome(correct=False, exit_tier="POOL", calls=10, reading=("MS", "HS"))
   empty = v3_arms.Tree(v3_arms.Layout(), 2)
-  assert v3_arms.cell_tier(empty, outcome, p, "exit") == "HS"
-  assert v3_arms.cell_tier(empty, outcome, p, "first_missing") == "MS"
+  assert v3_learn.cell_tier(empty, outcome, p, "exit") == "HS"
+  assert v3_learn.cell_tier(empty, outcome, p, "first_missing") == "MS"
   held = empty.with_cards(("MS", p.domain), [(p.kind, rules[(p.domain, "main", "small")])])
-  assert v3_arms.cell_tier(held, outcome, p, "first_missing") == "HS"
+  assert v3_learn.cell_tier(held, outcome, p, "first_missing") == "HS"
   es = v3_arms.Outcome(correct=False, exit_tier="ES", calls=2, reading=())
-  assert v3_arms.cell_tier(empty, es, p, "first_missing") is None
+  assert v3_learn.cell_tier(empty, es, p, "first_missing") is None
 
 
 def test_one_build_of_every_arm_within_budget_with_a_non_empty_playbook():
   reader = readers.READERS[0]
-  result = v3_arms.run([reader], [0])
+  result = v3_learn.run([reader], [0])
   counts = result["counts"][reader.name]
   budget = v3_arms.Budget()
   assert set(counts) == set(v3_arms.ARM_NAMES)
