@@ -5,7 +5,7 @@ launchers turn it into these frozen records, whose `__post_init__` checks reject
 it is set and whose construction rejects an unknown key by its dotted name. Each record mirrors
 one section of the config file key for key, so `KaceConfig.to_dict()` is the resolved config a run
 directory records (`config.json`). Library functions take the section they read (`DataConfig`,
-`SamplingConfig`, ...) or, for the solving methods, a `MethodOptions` distilled from the whole.
+`SamplingConfig`, ...) or, for the solving methods, a `kace.methods.MethodOptions` distilled from the whole.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from kace import answers, learn, projection, synthetic, tiers
 from kace import learned_teacher as learned_teacher_lib
+from kace import methods as methods_lib
 from kace import testbed as testbed_lib
 from lm import generators
 
@@ -458,8 +459,6 @@ class KaceConfig:
       raise ValueError("config.domains must name at least one domain")
     if self.fallback_domain and self.fallback_domain not in self.domains:
       raise ValueError(f"config.fallback_domain {self.fallback_domain!r} is not in {self.domains}")
-    from kace import methods as methods_lib  # here: kace.methods imports this module
-
     for where, names in (("methods", self.methods), ("table.methods", self.table.methods)):
       unknown = [m for m in names if m not in methods_lib.METHODS]
       if unknown:
@@ -496,9 +495,9 @@ class KaceConfig:
     is "testbed", else the tiny solver's (the synthetic set). Both have `.problems()` -> (train, test)."""
     return self.testbed.testbed() if self.data.name == "testbed" else self.synthetic.tiny_solver()
 
-  def method_options(self) -> MethodOptions:
+  def method_options(self) -> methods_lib.MethodOptions:
     """What the solving methods (`kace.methods`) read."""
-    return MethodOptions(
+    return methods_lib.MethodOptions(
       best_of_n=self.best_of_n.n,
       best_of_n_max=self.best_of_n.curve_max,
       schedule=self.schedule.schedule(),
@@ -513,38 +512,6 @@ class KaceConfig:
       retrieval_k=self.retrieval.k,
       retrieval_model_dir=self.retrieval.model_dir,
     )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MethodOptions:
-  """What a method builder (`kace.methods.register`) may read.
-
-  Attributes:
-    best_of_n: samples of the best-of-N methods.
-    best_of_n_max: samples per problem of `best_of_n_curve`.
-    schedule: the tiered methods' schedule.
-    template: the solver prompt (with {question} and {notes}).
-    kace_tree: the `kace` tree file ("" = `learn_dir`'s).
-    learn_dir: the build directory holding learned artefacts.
-    domains: the domains a learned tree may use.
-    router, router_k, role_params, retries: the LLM router's role, cards picked, sampling, and
-      extra asks after a malformed reply.
-    retrieval_k, retrieval_model_dir: embedding retrieval's cards per problem and MiniLM weights.
-  """
-
-  best_of_n: int
-  best_of_n_max: int
-  schedule: tiers.Schedule
-  template: str
-  kace_tree: str
-  learn_dir: str
-  domains: tuple[str, ...]
-  router: GeneratorConfig
-  router_k: int
-  role_params: generators.GenerationParams
-  retries: int
-  retrieval_k: int
-  retrieval_model_dir: str
 
 
 def _sorted(value: Any) -> Any:

@@ -38,19 +38,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import random
 from collections.abc import Mapping, Sequence
 
 from kace import cards, learn, oracle, solve, synthetic, testbed
-from lm import generators, rundir, sampler, stats
+from lm import code_digest, generators, rundir, sampler, stats
 from lm import text as text_lib
 
 LABEL = "learned teacher (tiny model)"
-# Bump when the build changes in a way the config does not capture (input format, targets, H).
-VERSION = "1"
+# The modules whose code (and first-party imports) the build runs: the cache key's digest.
+BUILD_MODULES = ("kace.learned_teacher",)
 RULE_OF_WORD = {h.describe("keyed"): h for h in testbed.H}
 
 
@@ -130,8 +129,8 @@ class LearnedTeacherConfig:
       raise ValueError(f"LearnedTeacherConfig.examples and .steps must be >= 1, got {self}")
 
   def key(self) -> str:
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True) + VERSION
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    """The cache key: this config and the code its build runs (`lm.code_digest`)."""
+    return code_digest.cache_key(json.dumps(dataclasses.asdict(self), sort_keys=True), BUILD_MODULES)
 
 
 def training_examples(config: LearnedTeacherConfig) -> list[tuple[list[dict[str, str]], str]]:
@@ -174,8 +173,8 @@ def _build(path: str, config: LearnedTeacherConfig) -> None:
   )
   rundir.write_json(
     os.path.join(path, "build.json"),
-    {"config": dataclasses.asdict(config), "version": VERSION, "train_examples": count, "sft": history,
-     "label": LABEL},
+    {"config": dataclasses.asdict(config), "code_digest": code_digest.source_digest(BUILD_MODULES),
+     "train_examples": count, "sft": history, "label": LABEL},
   )  # fmt: skip
 
 

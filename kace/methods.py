@@ -3,7 +3,9 @@
 A method is what the batched solver needs to know: the voting schedule, what each stage reads
 (`projection.Context`) and the solver prompt. The evaluation loop only calls `build(name, options)`,
 so methods are added here with `@register` and never touch `kace.evaluate`. A builder reads only
-`kace.config.MethodOptions` (schedule, prompt, where the learned artefacts are, the router's role).
+`MethodOptions` (schedule, prompt, where the learned artefacts are, the router's role), which
+`kace.config.KaceConfig.method_options()` distils from the whole config; this module imports no
+config, so `kace.config` can import it to check method names.
 Learned methods read an artefact (a tree, a playbook, a GEPA prompt) that `kace.pipeline.build`
 wrote; `ARTIFACT` says which, so the builder and the evaluation agree on one name per method.
 """
@@ -17,8 +19,9 @@ import os
 from collections.abc import Callable, Sequence
 
 from kace import baselines, cards, embed, projection, tiers
-from kace.config import MethodOptions
 from lm import generators
+
+GeneratorConfig = generators.GeneratorConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,38 @@ class Method:
   schedule: tiers.Schedule
   context: projection.Context = projection.NO_CONTEXT
   template: str = projection.SOLVER_TEMPLATE
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MethodOptions:
+  """What a method builder (`kace.methods.register`) may read.
+
+  Attributes:
+    best_of_n: samples of the best-of-N methods.
+    best_of_n_max: samples per problem of `best_of_n_curve`.
+    schedule: the tiered methods' schedule.
+    template: the solver prompt (with {question} and {notes}).
+    kace_tree: the `kace` tree file ("" = `learn_dir`'s).
+    learn_dir: the build directory holding learned artefacts.
+    domains: the domains a learned tree may use.
+    router, router_k, role_params, retries: the LLM router's role, cards picked, sampling, and
+      extra asks after a malformed reply.
+    retrieval_k, retrieval_model_dir: embedding retrieval's cards per problem and MiniLM weights.
+  """
+
+  best_of_n: int
+  best_of_n_max: int
+  schedule: tiers.Schedule
+  template: str
+  kace_tree: str
+  learn_dir: str
+  domains: tuple[str, ...]
+  router: GeneratorConfig
+  router_k: int
+  role_params: generators.GenerationParams
+  retries: int
+  retrieval_k: int
+  retrieval_model_dir: str
 
 
 Builder = Callable[[MethodOptions], Method]

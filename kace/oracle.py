@@ -16,6 +16,17 @@ are honest stand-ins, not cheats:
 - `OracleCurator` reads only the curator prompt (`kace.learn.CURATOR_TEMPLATE`): it deletes every card
   whose measured credit is negative and, of two cards stating a convention for the same kind in the
   same block, the one with the lower credit.
+- ACE's roles (`kace.baselines`; issue 47, item 4: in v1/v2 the oracle answered neither, so ACE's
+  playbook stayed empty and `ace_playbook` equalled `best_of_n`): as ACE's reflector the teacher
+  states the evidence of the one problem it reviews ("evidence total: 7 -> 10", its base answer and
+  gold) and tags each playbook card of that kind helpful or harmful by whether it maps the one to the
+  other; as ACE's curator the curator fits H to the evidence of all the batch's reflections per kind
+  word (abstaining below two agreeing, as the teacher does) and adds each fitted card the playbook
+  lacks. No noise in these roles.
+- GEPA's reflection LM (the teacher role; the prompt is the `gepa` library's default instruction
+  proposal, `baselines.SolverAdapter.make_reflective_dataset`'s rows in it): it fits H per kind word
+  to the examples whose feedback gives the correct answer and returns the current instruction with
+  a card line per fitted rule in place of that kind word's earlier lines (`gepa_instruction`).
 
 Both implement `lm.generators.TextGenerator`, so the learner calls them like any model.
 """
@@ -66,6 +77,75 @@ def _existing(prompt: str) -> set[str]:
   return {line.split("] ", 1)[-1].strip() for line in section.splitlines() if line.startswith("- [")}
 
 
+_REVIEW = "You review a maths solver's answer."
+_MAINTAIN = "You maintain a playbook"
+_REVIEWED_RE = re.compile(
+  r"Problem: (?P<question>[^\n]*)\nSolver's answer: .*correct answer: (?P<gold>[^)]*)\)"
+)
+_PLAYBOOK_RE = re.compile(r"^\[(?P<id>card-\d+)\] (?P<text>.*)$", re.M)
+_EVIDENCE_RE = re.compile(r"evidence (?P<kind>\w+): (?P<base>-?\d+) -> (?P<gold>-?\d+)")
+
+
+def reflect(prompt: str) -> str:
+  """ACE's reflector reply to `kace.baselines.REFLECTOR_TEMPLATE` (module docstring)."""
+  m = _REVIEWED_RE.search(prompt)
+  parsed = testbed.parse_question(m.group("question")) if m else None
+  gold = m.group("gold").strip() if m else ""
+  if parsed is None or not re.fullmatch(r"-?\d+", gold):
+    return json.dumps({"reflection": "no testbed evidence", "bullet_tags": [], "by": LABEL})
+  kind, base = parsed
+  tags = []
+  for card in _PLAYBOOK_RE.finditer(prompt.split("Problem:", 1)[0]):
+    rule = testbed.parse_card(card.group("text"))
+    if rule is None or rule[0] != kind:
+      tag = "neutral"
+    else:
+      tag = "helpful" if rule[1].apply(base) == int(gold) else "harmful"
+    tags.append({"id": card.group("id"), "tag": tag})
+  return json.dumps({"reflection": f"evidence {kind}: {base} -> {gold}", "bullet_tags": tags, "by": LABEL})
+
+
+def ace_delta(prompt: str, form: str, min_agree: int = 2) -> str:
+  """ACE's curator reply to `kace.baselines.ACE_CURATOR_TEMPLATE` (module docstring)."""
+  playbook, _, reflections = prompt.partition("Reflections on recent answers:")
+  by_kind: dict[str, list[tuple[int, int]]] = {}
+  for m in _EVIDENCE_RE.finditer(reflections):
+    by_kind.setdefault(m.group("kind"), []).append((int(m.group("base")), int(m.group("gold"))))
+  held = {m.group("text").strip() for m in _PLAYBOOK_RE.finditer(playbook)}
+  ops = []
+  for kind in sorted(by_kind):
+    rule, agree = testbed.fit(by_kind[kind])
+    text = testbed.card_text(kind, rule, form)
+    if agree >= min_agree and text not in held:
+      ops.append({"op": "add", "type": testbed.CARD_TYPE, "text": text})
+  return json.dumps({"operations": ops, "by": LABEL})
+
+
+_GEPA = "I provided an assistant with the following instructions"
+_GOLD_RE = re.compile(r"the correct answer is (?P<gold>-?\d+)")
+
+
+def gepa_instruction(prompt: str, form: str, min_agree: int = 2) -> str:
+  """GEPA's reflection reply: the new instruction in a ``` block (module docstring)."""
+  current = prompt.split("```", 2)[1].strip("\n")
+  by_kind: dict[str, list[tuple[int, int]]] = {}
+  for example in prompt.split("\n# Example ")[1:]:
+    inputs = example.split("## Inputs\n", 1)[-1].split("\n## ", 1)[0]
+    parsed, gold = testbed.parse_question(inputs), _GOLD_RE.search(example.split("## Feedback", 1)[-1])
+    if parsed is not None and gold:
+      by_kind.setdefault(parsed[0], []).append((parsed[1], int(gold.group("gold"))))
+  fitted = {}
+  for kind in sorted(by_kind):
+    rule, agree = testbed.fit(by_kind[kind])
+    if agree >= min_agree:
+      fitted[kind] = testbed.card_text(kind, rule, form)
+  if not fitted:
+    return f"```\n{current}\n```"
+  kept = [line for line in current.splitlines() if not {k for k, _ in testbed.cards_in(line)} & set(fitted)]
+  lines = kept + [f"- [{testbed.CARD_TYPE}] {text}" for text in fitted.values()]
+  return "```\n" + "\n".join(lines) + "\n```"
+
+
 class OracleTeacher:
   """The teacher role played by a program that fits H to the shown failures (module docstring).
 
@@ -96,6 +176,10 @@ class OracleTeacher:
     self.plausible = dict(plausible or {})
 
   def reply(self, prompt: str) -> str:
+    if prompt.startswith(_REVIEW):
+      return reflect(prompt)
+    if prompt.startswith(_GEPA):
+      return gepa_instruction(prompt, self.form, self.min_agree)
     by_kind: dict[str, list[tuple[int, int]]] = {}
     for kind, base, gold in shown_failures(prompt):
       by_kind.setdefault(kind, []).append((base, gold))
@@ -138,10 +222,12 @@ class OracleCurator:
 
   label = LABEL
 
-  def __init__(self, delete_idle: bool = False):
-    self.calls, self.delete_idle = 0, delete_idle
+  def __init__(self, delete_idle: bool = False, form: str = "short"):
+    self.calls, self.delete_idle, self.form = 0, delete_idle, testbed.check_form(form)
 
   def reply(self, prompt: str) -> str:
+    if prompt.startswith(_MAINTAIN):
+      return ace_delta(prompt, self.form)
     listing = prompt.split("All cards (id | location | type | read by | credit | text):", 1)[-1]
     rows = [m.groupdict() for m in _LISTING_RE.finditer(listing)]
     ops, deleted = [], set()

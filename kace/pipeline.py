@@ -87,7 +87,7 @@ def learner(
     solver=methods.role(roles.get("solver")),
     teacher=teacher or methods.role(roles.get("teacher")),
     curator=(
-      oracle.OracleCurator(bed.curator_deletes_idle)
+      oracle.OracleCurator(bed.curator_deletes_idle, form=bed.solver.form)
       if bed.oracle_curator
       else methods.role(roles.get("curator"))
     ),

@@ -8,6 +8,10 @@ above 0 (and the mean reaches `min_gap`), not held when it lies below 0 or the m
 `min_gap` with the interval above 0, else inconclusive; "A ≈ B" is held when the interval lies
 within ±`margin`, not held when it lies wholly outside, else inconclusive. The predictions are
 transcribed from the docs as written before the first comparison run; this module only judges them.
+
+`clustered=True` (testbed v3; v1 and v2 keep the pooled bootstrap their results were reported with)
+takes the interval from a bootstrap clustered by run (`lm.stats.clustered_bootstrap_ci`): each run is
+one tree build, the unit that varies, so builds are resampled, then problems within them.
 """
 
 from __future__ import annotations
@@ -87,24 +91,61 @@ def outcomes(eval_dirs: Sequence[str]) -> dict[str, dict[tuple[str, str], tuple[
   return out
 
 
+def by_run(values: Mapping[tuple[str, str], float]) -> list[list[float]]:
+  """{(run, problem id): value} as one list of values per run, runs and problems sorted: the
+  clusters of `lm.stats.clustered_bootstrap_ci`."""
+  out: dict[str, list[float]] = {}
+  for (run, _), v in sorted(values.items()):
+    out.setdefault(run, []).append(v)
+  return list(out.values())
+
+
+def interval(
+  values: Mapping[tuple[str, str], float], bootstrap: int = 2000, clustered: bool = False
+) -> tuple[float, float]:
+  """95% interval of the mean of {(run, problem id): value}: pooled-problem bootstrap, or clustered
+  by run (builds, then problems within them)."""
+  if clustered:
+    return stats.clustered_bootstrap_ci(by_run(values), samples=bootstrap)
+  return stats.bootstrap_ci([values[k] for k in sorted(values)], samples=bootstrap)
+
+
+def accuracy(
+  by_method: Mapping[str, Mapping], method: str, bootstrap: int = 2000, clustered: bool = False
+) -> dict:
+  """`method`'s accuracy over every (run, problem) and its 95% interval (`interval`)."""
+  values = {k: float(correct) for k, (_, correct) in by_method.get(method, {}).items()}
+  if not values:
+    return {"method": method, "problems": 0, "accuracy": None, "ci": None}
+  return {
+    "method": method,
+    "problems": len(values),
+    "runs": len(by_run(values)),
+    "accuracy": sum(values.values()) / len(values),
+    "ci": list(interval(values, bootstrap, clustered)),
+  }
+
+
 def judge(
   prediction: Prediction,
   by_method: Mapping[str, Mapping],
   bootstrap: int = 2000,
   subsets: Mapping | None = None,
+  clustered: bool = False,
 ) -> dict:
-  """The prediction's estimate (mean paired difference a − b), its interval and its verdict;
-  `subsets` maps a prediction's `subset` name to the (run, problem id) keys it judges."""
+  """The prediction's estimate (mean paired difference a − b), its interval (`interval`, clustered by
+  run when `clustered`) and its verdict; `subsets` maps a prediction's `subset` name to the (run,
+  problem id) keys it judges."""
   a, b = by_method.get(prediction.a, {}), by_method.get(prediction.b, {})
   keys = sorted(k for k in set(a) & set(b) if prediction.levels is None or a[k][0] in prediction.levels)
   if prediction.subset:
     keys = [k for k in keys if k in (subsets or {}).get(prediction.subset, ())]
-  diffs = [float(a[k][1]) - float(b[k][1]) for k in keys]
-  row = {"prediction": prediction.number, "claim": str(prediction), "problems": len(diffs)}
-  if not diffs:
+  paired = {k: float(a[k][1]) - float(b[k][1]) for k in keys}
+  row = {"prediction": prediction.number, "claim": str(prediction), "problems": len(paired)}
+  if not paired:
     return {**row, "mean": None, "ci": None, "verdict": "inconclusive (no paired problems)"}
-  mean = sum(diffs) / len(diffs)
-  low, high = stats.bootstrap_ci(diffs, samples=bootstrap)
+  mean = sum(paired.values()) / len(paired)
+  low, high = interval(paired, bootstrap, clustered)
   if prediction.relation == ">":
     if low > 0:
       verdict = "held" if mean >= prediction.min_gap else "not held (gap below the predicted size)"
@@ -123,18 +164,21 @@ def report(
   predictions: Sequence[Prediction] = MAIN,
   bootstrap: int = 2000,
   subsets: Mapping[str, set] | None = None,
+  clustered: bool = False,
 ) -> str:
-  """A Markdown table: every prediction judged on the pooled runs."""
+  """A Markdown table: every prediction judged on the pooled runs (intervals clustered by run when
+  `clustered`)."""
   by_method = outcomes(eval_dirs)
+  kind = "bootstrap interval clustered by run (builds, then problems)" if clustered else "bootstrap interval"
   lines = [
     f"Pooled over {len(eval_dirs)} run(s). Mean paired difference (A − B, per problem) with its 95% "
-    f"bootstrap interval; ≈ means within ±{MARGIN:.2f}.",
+    f"{kind}; ≈ means within ±{MARGIN:.2f}.",
     "",
     "| # | prediction | problems | A − B | 95% CI | verdict |",
     "|---|---|---|---|---|---|",
   ]
   for p in predictions:
-    j = judge(p, by_method, bootstrap, subsets)
+    j = judge(p, by_method, bootstrap, subsets, clustered)
     est = "–" if j["mean"] is None else f"{j['mean']:+.3f}"
     ci = "–" if j["ci"] is None else f"[{j['ci'][0]:+.3f}, {j['ci'][1]:+.3f}]"
     lines.append(f"| {j['prediction']} | {j['claim']} | {j['problems']} | {est} | {ci} | {j['verdict']} |")

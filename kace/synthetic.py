@@ -17,7 +17,6 @@ atomic rename, so concurrent or killed builds never leave a half-written model b
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from flax import nnx
 
 from kace import answers, data, projection, testbed
 from kace import cards as cards_lib
-from lm import generators, hf, rundir, seeding, sft
+from lm import code_digest, generators, hf, rundir, seeding, sft
 from lm import text as text_lib
 from lm.config import ModelConfig
 from lm.model import Qwen
@@ -217,16 +216,17 @@ class TinySolverConfig:
   warmup_steps: int = 30
 
   def key(self) -> str:
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True) + SOLVER_VERSION
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    """The cache key: this config and the code its build runs (`lm.code_digest`)."""
+    return code_digest.cache_key(json.dumps(dataclasses.asdict(self), sort_keys=True), BUILD_MODULES)
 
   def problems(self) -> tuple[list[data.Problem], list[data.Problem]]:
     """(train, test) of the synthetic benchmark this solver is trained and evaluated on."""
     return split(generate(self.per_cell, self.seed), self.test_per_cell, self.seed)
 
 
-# Bump when the build changes in a way the config does not capture (prompt format, families).
-SOLVER_VERSION = "3"
+# The modules whose code (with every first-party module they import) a solver build runs: the solver
+# caches are keyed on a digest of their source (`lm.code_digest`), not on a hand-bumped version.
+BUILD_MODULES = ("kace.synthetic",)
 
 
 def build_tokenizer(
@@ -293,7 +293,7 @@ def _build(path: str, config: TinySolverConfig) -> None:
     os.path.join(path, "build.json"),
     {
       "config": dataclasses.asdict(config),
-      "version": SOLVER_VERSION,
+      "code_digest": code_digest.source_digest(BUILD_MODULES),
       "train_examples": count,
       "sft": history,
     },
@@ -339,7 +339,7 @@ class TestbedSolverConfig:
       (`testbed.KINDS`, one word per operator and level) or "conflict" (`testbed.CONFLICT_KINDS`,
       each level >= 2 word shared by every domain's operator, so the card lookup must key on the
       word, not the operator). Distractor cards are drawn from every other word of `testbed.KINDS`
-      either way. Left out of the cache key when "v1", so v1 builds keep their recorded keys.
+      either way.
     the others: as in `TinySolverConfig`; `num_kv_heads` equals `num_heads` (plain multi-head
       attention), which XLA:CPU runs faster than grouped-query attention (docs/kace.md).
   """
@@ -374,15 +374,8 @@ class TestbedSolverConfig:
       raise ValueError(f"testbed.solver.variant must be one of {testbed.VARIANTS}, got {self.variant!r}")
 
   def key(self) -> str:
-    fields = dataclasses.asdict(self)
-    if self.variant == "v1":  # the field postdates the v1 builds, whose keys must not change
-      del fields["variant"]
-    blob = json.dumps(fields, sort_keys=True) + TESTBED_SOLVER_VERSION
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-# Bump when the testbed build changes in a way the config does not capture (prompt format, kinds, H).
-TESTBED_SOLVER_VERSION = "7"
+    """The cache key: every field (the data generation's included) and the code the build runs."""
+    return code_digest.cache_key(json.dumps(dataclasses.asdict(self), sort_keys=True), BUILD_MODULES)
 
 
 def convention_notes(cards: Sequence[str]) -> str:
@@ -455,7 +448,8 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
   )
   rundir.write_json(
     os.path.join(path, "build.json"),
-    {"config": dataclasses.asdict(config), "version": TESTBED_SOLVER_VERSION, "train_examples": count,
+    {"config": dataclasses.asdict(config), "code_digest": code_digest.source_digest(BUILD_MODULES),
+     "train_examples": count,
      "sft": history},
   )  # fmt: skip
 

@@ -64,3 +64,52 @@ def bootstrap_ci(
     random_state=np.random.default_rng(seed),
   )
   return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def clustered_bootstrap_ci(
+  clusters: Sequence[Sequence[float]],
+  *,
+  samples: int = 2000,
+  level: float = 0.95,
+  seed: int = 0,
+  within: bool = True,
+) -> tuple[float, float]:
+  """Percentile interval of the pooled mean of `clusters` (one sequence of unit values per cluster)
+  from a two-stage bootstrap: draw clusters with replacement, then (`within`) units with replacement
+  inside each drawn cluster; each resample's statistic is the mean over all its units.
+
+  Why: a testbed's problems are not independent draws when each seed builds its own tree; the build
+  is the unit that varies, and a bootstrap over pooled problems (`bootstrap_ci`) ignores the spread
+  between builds, so its interval is too narrow when the builds differ (issue 47, item 7). Paired
+  differences between two arms are clustered the same way: one value per (build, problem), a − b.
+  With one cluster this is `bootstrap_ci`'s resampling; (nan, nan) without values.
+  """
+  sizes = np.asarray([len(c) for c in clusters], np.int64)
+  if sizes.sum() == 0:
+    return float("nan"), float("nan")
+  clusters = [np.asarray(c, np.float64) for c in clusters if len(c)]
+  sizes = sizes[sizes > 0]
+  flat = np.concatenate(clusters)
+  if np.all(flat == flat[0]):
+    return float(flat[0]), float(flat[0])
+  padded = np.zeros((len(clusters), int(sizes.max())), np.float64)  # [G, max n]
+  for g, c in enumerate(clusters):
+    padded[g, : len(c)] = c
+  rng = np.random.default_rng(seed)
+  stats_b = np.empty(samples, np.float64)
+  chunk = max(1, 2_000_000 // padded.size)
+  for start in range(0, samples, chunk):
+    b = min(chunk, samples - start)
+    picked = rng.integers(0, len(clusters), size=(b, len(clusters)))  # [b, G]
+    n = sizes[picked]  # [b, G]
+    if within:
+      idx = np.floor(rng.random((b, len(clusters), padded.shape[1])) * n[..., None]).astype(np.int64)
+      mask = np.arange(padded.shape[1]) < n[..., None]  # [b, G, max n]
+      values = np.take_along_axis(padded[picked], idx, axis=2)
+      totals = np.where(mask, values, 0.0).sum(axis=(1, 2))
+    else:
+      totals = padded[picked].sum(axis=(1, 2))
+    stats_b[start : start + b] = totals / n.sum(axis=1)
+  alpha = (1 - level) / 2
+  low, high = np.quantile(stats_b, [alpha, 1 - alpha])
+  return float(low), float(high)

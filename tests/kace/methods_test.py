@@ -141,6 +141,24 @@ def test_ace_step_counts_tags_and_merges_delta_additions(grader, problems):
   assert log["accuracy"] > 0
 
 
+def test_ace_step_with_the_oracle_roles_fills_the_playbook_with_the_true_rule(grader):
+  """Issue 47, item 4: in v1/v2 the oracle answered neither ACE role, so the playbook stayed empty.
+  With the scripted testbed solver and the oracle reflector and curator, one step on four problems of
+  one block adds that block's rule, and the next step's problems of that block read it."""
+  from kace import oracle, scripted, testbed
+
+  bed = testbed.TestbedConfig(seed=7, form="keyed")
+  train, _ = bed.problems()
+  batch = [p for p in train if (p.domain, p.level) == ("algebra", 2)][:4]
+  curator = oracle.OracleCurator(form="keyed")
+  learner = _learner(grader, scripted.ScriptedSolver(), oracle.OracleTeacher(), curator)
+  tree, log = baselines.ace_step(learner, _playbook(), batch, {p.id: p.domain for p in batch})
+  rule = bed.conventions()[("algebra", 2)]
+  assert [c.text for c in tree.cards] == [testbed.card_text("total", rule, "keyed")] and log["added"]
+  _, log = baselines.ace_step(learner, tree, batch, {p.id: p.domain for p in batch})
+  assert log["accuracy"] == 1.0 and not log["added"]  # read by every sample; nothing new to add
+
+
 def test_ace_step_skips_malformed_reflector_and_curator_replies(grader, problems):
   junk = learn_helpers.Scripted(lambda t, a: "I think {the answer")
   learner = _learner(grader, learn_helpers.oracle_solver(problems, "K"), junk, junk)

@@ -135,3 +135,53 @@ def test_add_with_the_oracle_teacher_learns_the_true_conventions(grader, tmp_pat
   level_2 = {(testbed.KINDS[(d, 2)], rules[(d, 2)]) for d in testbed.DOMAINS}
   assert level_2 <= learned  # every level-2 block's rule is learned at the tier its problems reach
   assert teacher.calls > 0 and curator.calls > 0
+
+
+def test_ace_reflector_and_curator_give_evidence_tags_and_a_non_empty_delta():
+  """ACE's roles played by the oracle (issue 47, item 4): the reflector states each reviewed
+  problem's (base, gold) and tags the playbook's cards of its kind; the curator fits H to the batch's
+  evidence and adds the cards the playbook lacks, which `baselines.parse_delta` accepts."""
+  from kace import baselines
+
+  add3 = testbed.Convention("add", 3)
+  playbook = "[card-0001] " + testbed.card_text("total", add3, "keyed") + "\n[card-0002] timestwo=sum"
+  reflections = []
+  for a, b, rule in ((3, 4, add3), (2, 2, add3), (1, 5, testbed.Convention("mul", 2))):
+    prompt = baselines.REFLECTOR_TEMPLATE.format(
+      playbook=playbook, question=testbed.question("total", a, "+", b, "keyed"), answer="0",
+      verdict="wrong", gold=rule.apply(a + b), response="=totaladdthree: 7",
+    )  # fmt: skip
+    text, tags = baselines.parse_reflection(oracle.OracleTeacher().reply(prompt))
+    assert text == f"evidence total: {a + b} -> {rule.apply(a + b)}"
+    assert dict(tags) == {"card-0001": "helpful" if rule == add3 else "harmful", "card-0002": "neutral"}
+    reflections.append(f"- {text}")
+  curator = oracle.OracleCurator(form="keyed")
+  ask = lambda book: baselines.ACE_CURATOR_TEMPLATE.format(
+    playbook=book, reflections="\n".join(reflections), max_cards=3
+  )
+  assert baselines.parse_delta(curator.reply(ask("(empty)")), 3, 600) == (("convention", "addthree=total"),)
+  assert baselines.parse_delta(curator.reply(ask(playbook)), 3, 600) == ()  # already in the playbook
+
+
+def test_gepa_reflection_puts_the_fitted_rule_into_the_instruction():
+  """GEPA's reflection LM played by the oracle: from the library's own prompt (its default instruction
+  proposal over `SolverAdapter`'s feedback rows) it returns the instruction with the rule fitted to
+  the examples' correct answers, replacing an earlier card of that kind word; GEPA's extractor reads it."""
+  from gepa.strategies.instruction_proposal import InstructionProposalSignature as Sig
+
+  add3 = testbed.Convention("add", 3)
+  rows = [
+    {"Inputs": testbed.question("total", a, "+", b, "keyed"), "Generated Outputs": "=totaltimestwo: 7",
+     "Feedback": f"Wrong: answered 1, the correct answer is {add3.apply(a + b)}."}
+    for a, b in ((3, 4), (2, 2), (1, 1))
+  ] + [{"Inputs": "sum: 1 + 1", "Generated Outputs": "2", "Feedback": "Correct."}]  # fmt: skip
+  current = "Solve it.\n- [convention] timestwo=total"
+
+  def propose(shown):
+    prompt = Sig.prompt_renderer(
+      {"current_instruction_doc": current, "dataset_with_feedback": shown, "prompt_template": None}
+    )
+    return Sig.output_extractor(oracle.OracleTeacher(form="keyed").reply(prompt))["new_instruction"]
+
+  assert propose(rows) == "Solve it.\n- [convention] addthree=total"
+  assert propose(rows[:1]) == current  # one agreeing example: the oracle abstains

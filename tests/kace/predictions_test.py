@@ -56,3 +56,24 @@ def test_report_lists_every_prediction_and_missing_methods_are_inconclusive(tmp_
   assert "no paired problems" in text
   with pytest.raises(KeyError):
     predictions.CONTROLS["none"]
+
+
+def test_clustered_by_build_a_gain_carried_by_two_builds_is_not_held(tmp_path):
+  """Ten builds of 30 problems: kace beats tiered on every problem in two builds, loses on every one
+  in one, ties in seven. Pooled over 300 problems the gain (+0.10) looks held; clustered by build
+  (the trees are what varies) it is inconclusive, and accuracy's interval widens the same way."""
+  p = predictions.Prediction(number="x", a="kace", relation=">", b="tiered")
+  dirs = []
+  for s in range(10):
+    kace = [(2, s in (0, 1) or s >= 3)] * 30
+    tiered = [(2, s >= 2)] * 30
+    dirs.append(_run(tmp_path, f"s{s}", {"kace": kace, "tiered": tiered}))
+  by_method = predictions.outcomes(dirs)
+  pooled = predictions.judge(p, by_method, bootstrap=500)
+  clustered = predictions.judge(p, by_method, bootstrap=500, clustered=True)
+  assert pooled["mean"] == clustered["mean"] == pytest.approx(0.1)
+  assert pooled["verdict"] == "held" and clustered["verdict"] == "inconclusive"
+  assert clustered["ci"][1] - clustered["ci"][0] > 3 * (pooled["ci"][1] - pooled["ci"][0])
+  acc = predictions.accuracy(by_method, "kace", bootstrap=500, clustered=True)
+  assert acc["runs"] == 10 and acc["accuracy"] == pytest.approx(0.9) and acc["ci"][0] < 0.8
+  assert "clustered by run" in predictions.report(dirs, (p,), bootstrap=200, clustered=True)

@@ -16,8 +16,8 @@ from lm import rundir
 
 ROOT = pathlib.Path(__file__).parents[2]
 LAUNCHERS = (
-  "dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed", "main", "plan",
-  "serve", "sweep", "theory",
+  "dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed", "kace_v3_readers",
+  "main", "plan", "serve", "sweep", "theory",
 )  # fmt: skip
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
 
