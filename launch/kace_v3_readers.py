@@ -7,6 +7,7 @@ python -m launch.kace_v3_readers --workdir=/tmp/kace_v3_readers
 from kace import v3_verdicts
 from launch import common
 
+common.define_workdir(config_change=False)  # no config to change: the registered design is code
 
 def main(_):
   with common.work(f"testbed v3 scripted readers into {common.WORKDIR.value}"):
