@@ -174,6 +174,10 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     )
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
+  # Every role's in-process sampler (lm.sampler.SamplerConfig): at most max_rows decode rows a device
+  # call (larger requests are chunked; launch.plan compiles the sampler at it), rollout prompts
+  # padded to multiples of 64 tokens, new tokens to multiples of step_bucket.
+  c.sampler = ml_collections.ConfigDict(dict(max_rows=256, prompt_bucket_multiple=64, step_bucket=64))
   # dpa_grpo.reproduce: a supervised warm start of a from-scratch backbone (steps=0: none; fields
   # of dpa_grpo.config.WarmStartConfig) and the methods run beside `method` for comparison.
   c.warm_start = ml_collections.ConfigDict(

@@ -1,7 +1,12 @@
 """DPA-GRPO's programs planned for a target (`lm.plan`): the train step's `accumulate` (policy
 loss, its gradient and the frozen reference's scoring, one chunk), `apply` (the AdamW update) and
-the sampler's prefill-and-decode, on abstract weights; and the choice of remat and micro-batch
-(`loss.remat`, `train.pairs_per_chunk`) that fits a target with headroom."""
+the sampler's prefill-and-decode at the config's `sampler.max_rows`, on abstract weights; and the
+choice of remat, micro-batch and sampler rows (`loss.remat`, `train.pairs_per_chunk`,
+`sampler.max_rows`) that fits a target with headroom.
+
+Each program's peak counts what the trainer keeps beside it (`resident`): the optimiser state, and
+every role's sampler's copies (`lm.plan.sampler_held`: the [D, V] head `Sampler.refresh` makes, the
+decode layout's weights where they differ from the training layout)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 import jax
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import packing, policies, step
+from dpa_grpo import game, packing, policies, step
 from lm import plan as plan_lib
 from lm import shapes
 from lm import sharding as sharding_lib
@@ -20,7 +25,6 @@ from lm.config import ModelConfig
 
 ROLE = "verifier"  # the role planned: its rows are as long as the generator's
 PROMPT_TOKENS = 2048  # assumed prompt length of a TaxCalcBench form (a stated model, not measured)
-SAMPLE_ROWS = 256  # the trainer's sampler rows per call (`lm.sampler.SamplerConfig.max_rows`)
 
 
 def seq_len(exp: config_lib.ExperimentConfig) -> int:
@@ -45,6 +49,13 @@ class _Setup:
   shard: sharding_lib.ShardingConfig
   model: tuple[float, float]  # counted (FLOPs, bytes) of one accumulate call per device
   detail: str
+  sampler_head: int  # per device, one role's sampler's [D, V] head copy (`lm.plan.sampler_held`)
+  sampler_copy: int  # per device, one role's sampler's decode-layout weight copy (0: none)
+
+  @property
+  def samplers_held(self) -> int:
+    """Per device, what every role's sampler keeps through the train step (the trainer has one a role)."""
+    return len(game.ROLES) * (self.sampler_head + self.sampler_copy)
 
 
 def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: int = 0) -> _Setup:
@@ -83,6 +94,7 @@ def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: in
   extra = {"none": 0.0, "dots_saveable": 0.5, "full": 1.0}[exp.loss.remat]
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
+  head, copied = plan_lib.sampler_held(pols.policy(trainable, frozen, role), mesh, exp.sampler)
   return _Setup(
     accumulate_args=(trainable, trainable, frozen, batch, key),
     accumulate_kwargs=dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
@@ -96,6 +108,8 @@ def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: in
     shard=shard,
     model=(fwd * passes, weights * passes),
     detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+    sampler_head=head,
+    sampler_copy=copied,
   )
 
 
@@ -106,52 +120,37 @@ def programs(
   train: bool = True,
   sample: bool = True,
   length: int = 0,
-  sample_rows: int = SAMPLE_ROWS,
   prompt_tokens: int = PROMPT_TOKENS,
 ) -> list[plan_lib.ProgramPlan]:
-  """`accumulate`, `apply` (and the sampler's program) of `exp`'s preset compiled for `target`;
-  `length`: the loss rows' width (0: `seq_len`)."""
+  """`accumulate`, `apply` (and the sampler's program at `exp.sampler.max_rows` rows) of `exp`'s
+  preset compiled for `target`; `length`: the loss rows' width (0: `seq_len`)."""
   su = _setup(exp, target, length)
-  out = (
-    []
-    if not train
-    else [
+  opt_state = plan_lib.tree_bytes(su.opt_state)
+  frozen = plan_lib.tree_bytes(su.frozen)
+  out = []
+  if train:
+    out += [
       plan_lib.compile_program(
-        "accumulate",
-        step.accumulate,
-        su.accumulate_args,
-        su.accumulate_kwargs,
-        target,
-        model=su.model,
-        resident=plan_lib.tree_bytes(su.opt_state),
-        detail=su.detail,
+        "accumulate", step.accumulate, su.accumulate_args, su.accumulate_kwargs, target, model=su.model,
+        resident=opt_state + su.samplers_held, detail=su.detail,
       ),
       plan_lib.compile_program(
-        "apply",
-        step.apply,
-        (su.trainable, su.opt_state, su.trainable),
-        dict(tx=su.tx),
-        target,
-        model=(0.0, 4 * plan_lib.tree_bytes(su.trainable)),
+        "apply", step.apply, (su.trainable, su.opt_state, su.trainable), dict(tx=su.tx), target,
+        model=(0.0, 4 * plan_lib.tree_bytes(su.trainable)), resident=frozen + su.samplers_held,
       ),
-    ]
-  )
+    ]  # fmt: skip
   if sample:
     sampled = su.policies.policy(su.trainable, su.frozen, su.accumulate_kwargs["role"])
+    # Beside a role's sampling: the optimiser state, the other roles' samplers, and the training
+    # layout's weights where this sampler reads a copy of them.
+    others = su.samplers_held - su.sampler_head - su.sampler_copy
     out.append(
       plan_lib.sampler_program(
-        sampled,
-        su.mesh,
-        target,
-        rows=sample_rows,
-        prompt_len=prompt_tokens,
-        new_tokens=exp.rollout.max_new_tokens,
-        n=1,
-        step_bucket=64,
-        shard=su.shard,
-        resident=plan_lib.tree_bytes(su.opt_state) + plan_lib.tree_bytes(su.trainable),
+        sampled, su.mesh, target, rows=exp.sampler.max_rows, prompt_len=prompt_tokens,
+        new_tokens=exp.rollout.max_new_tokens, n=1, config=exp.sampler,
+        resident=opt_state + others + (frozen if su.sampler_copy else 0),
       )
-    )
+    )  # fmt: skip
   return out
 
 
@@ -236,18 +235,19 @@ def choose(
   config: dict,
   target: plan_lib.Target,
   *,
-  headroom: float = 0.25,
+  headroom: float = plan_lib.HEADROOM,
   sample: bool = True,
   length: int = 0,
-  sample_rows: int = SAMPLE_ROWS,
   prompt_tokens: int = PROMPT_TOKENS,
 ) -> Choice:
-  """The first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit `target` with
-  `headroom` of its memory free; the last one tried when none does. `config`: a preset's
+  """The first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit `target`'s
+  budget (`lm.plan.budget`: the memory JAX may use less `headroom`), then the most sampler rows a
+  call (the config's `sampler.max_rows`, halved until it fits) whose program fits beside them; the
+  last one tried when none does. It fits only when every program does. `config`: a preset's
   `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise)."""
-  budget = (1 - headroom) * target.hbm_bytes
+  budget = plan_lib.budget(target, headroom)
   base = config_lib.ExperimentConfig.from_dict(config)
-  choice, tried = None, []
+  choice, tried, exp = None, [], base
   start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
   for remat, divide in CANDIDATES[start:]:
     pairs = max(1, base.train.pairs_per_chunk // divide)
@@ -270,19 +270,28 @@ def choose(
     if choice.fits:
       break
     tried.append(f"remat {remat}, {pairs} pairs: peak {peak / plan_lib.GiB:.1f} GiB")
-  if sample:
+  if not sample:
+    return choice
+  rows = base.sampler.max_rows
+  while True:
+    at = dataclasses.replace(exp, sampler=dataclasses.replace(exp.sampler, max_rows=rows))
     try:
-      sampled = programs(
-        base, target, train=False, length=length, sample_rows=sample_rows, prompt_tokens=prompt_tokens
-      )
-    except Exception as e:  # noqa: BLE001 -- the sampler refused for memory: the training plan stands
+      (sampled,) = programs(at, target, train=False, length=length, prompt_tokens=prompt_tokens)
+      why = None if sampled.peak <= budget else f"peak {sampled.peak / plan_lib.GiB:.1f} GiB"
+    except Exception as e:  # noqa: BLE001 -- the sampler refused for memory: fewer rows may fit
       if plan_lib.refusal(e) is None:
         raise
-      return dataclasses.replace(
-        choice, tried=(*choice.tried, f"sampler at {sample_rows} rows: refused ({plan_lib.refusal(e)})")
-      )
-    choice = dataclasses.replace(choice, programs=[*choice.programs, *sampled])
-  return choice
+      sampled, why = None, f"refused ({plan_lib.refusal(e)})"
+    if why is None or rows == 1:
+      break
+    tried.append(f"sampler at {rows} rows: {why}")
+    rows //= 2
+  return Choice(
+    overrides={**choice.overrides, "sampler.max_rows": rows},
+    programs=[*choice.programs, *([sampled] if sampled else [])],
+    fits=choice.fits and why is None,
+    tried=(*tried, *([f"sampler at {rows} rows: {why}"] if why else [])),
+  )
 
 
 def _mesh_overrides(mesh: sharding_lib.MeshConfig) -> dict[str, int]:

@@ -42,7 +42,11 @@ _CONFIG = common.define_config(
 _TARGET = flags.DEFINE_string(
   "target", "h100x8", f"One of {list(plan_lib.TARGETS)}, comma-separated, tpu or gpu."
 )
-_HEADROOM = flags.DEFINE_float("headroom", 0.25, "Share of device memory left free by the plan.")
+_HEADROOM = flags.DEFINE_float(
+  "headroom",
+  plan_lib.HEADROOM,
+  "Share of the memory JAX may use (on a GPU its allocator's pool, lm/memory.py) left free by the plan.",
+)
 _SAMPLE = flags.DEFINE_bool("sample", True, "DPA-GRPO: also compile the sampler's program (slow to compile).")
 _OUT = flags.DEFINE_string("out", "", "Append each (preset, target) result as a JSON line here.")
 _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markdown and exit.")
