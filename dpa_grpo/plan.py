@@ -294,6 +294,21 @@ def choose(
   )
 
 
+def check(
+  config: dict,
+  target: plan_lib.Target,
+  *,
+  headroom: float = plan_lib.HEADROOM,
+  prompt_tokens: int = PROMPT_TOKENS,
+) -> Choice:
+  """The config's own programs on `target`, as given (no search): what `launch.dpa_grpo --dry_run`
+  prints for this host's devices. It fits when every program's peak is within `lm.plan.budget`."""
+  exp = config_lib.ExperimentConfig.from_dict(config)
+  budget = plan_lib.budget(target, headroom)
+  compiled = programs(exp, target, prompt_tokens=prompt_tokens)
+  return Choice(overrides={}, programs=compiled, fits=all(p.peak <= budget for p in compiled))
+
+
 def _mesh_overrides(mesh: sharding_lib.MeshConfig) -> dict[str, int]:
   return {f"mesh.{k}": v for k, v in dataclasses.asdict(mesh).items()}
 

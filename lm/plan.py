@@ -339,9 +339,11 @@ def abstract_rows(arrays: dict[str, np.ndarray], mesh: Mesh, shard: sharding_lib
 
 
 def sampler_platform(target: Target) -> str:
-  """Whose form of the sampler's program a target runs: its own; a CPU target (tests) the
-  accelerators' one-program form, so its figures are those of one program as on the real targets."""
-  return {"cpu": "cuda", "local": jax.default_backend()}.get(target.platform, target.platform)
+  """Whose form of the sampler's program a target runs: its own; on CPU (a CPU target, tests; a
+  dry run on a CPU host) the accelerators' one-program form, so its figures are those of one
+  program as on the real targets (XLA:CPU runs the prefill as a program of its own)."""
+  platform = jax.default_backend() if target.platform == "local" else target.platform
+  return "cuda" if platform == "cpu" else platform
 
 
 def sampler_held(model: Qwen, mesh: Mesh, config: Any) -> tuple[int, int]:
