@@ -10,10 +10,14 @@ Presets (`--config=configs/dpa_grpo.py:<preset>`):
   qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
 A preset may add a method to a CPU run too: cpu_grpo, tiny_dapo, ... A preset is `<size>` or
 `<size>_<method>`, size in cpu, tiny, qwen3_4b, qwen3_8b; an unknown one fails naming the valid ones.
+`<preset>@<target>` adds the plan's overrides for a machine (configs/targets.py, docs/scale.md):
+qwen3_4b@h100x1, qwen3_4b_grpo@v5p-8, ...
 Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.data.root=...
 """
 
 import ml_collections
+
+from configs import targets
 
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
 _SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed", "testbed_v2")
@@ -31,6 +35,7 @@ def parse_preset(preset: str) -> tuple[str, str]:
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
+  preset, target = targets.split(preset)
   size, method = parse_preset(preset)
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -244,6 +249,8 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     _testbed_v2(c)
   if method == "zero_shot":
     c.train.steps = 0
+  if target:
+    targets.apply(c, "dpa_grpo", size, target)
   return c
 
 

@@ -13,10 +13,13 @@ testbed_v2  testbed v2 (docs/kace.md): kind words shared across domains with con
           problems, ADD's strict rule, retrieval k chosen on validation.
 openai    any OpenAI-compatible server (vLLM, SGLang, launch/serve.py):
           --config.roles.solver.base_url=http://host:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B
+qwen3_4b@<target>  the same with the plan's overrides for a machine (configs/targets.py), e.g.
+          qwen3_4b@h100x1, qwen3_4b@v5p-8
 """
 
 import ml_collections
 
+from configs import targets
 from configs.generators import generator_config
 
 # The defaults below are those of the library records they configure (kace.learn.LearnConfig,
@@ -31,6 +34,7 @@ SOLVER_TEMPLATE = (
 
 
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
+  arg, target = targets.split(arg)
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.methods = ("best_of_n", "best_of_n_curve", "tiered", "kace")
@@ -315,6 +319,8 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     c.eval.batch_size = 500
   else:
     raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, testbed_v2, qwen3_4b, openai)")
+  if target:
+    targets.apply(c, "kace", arg, target)
   return c
 
 
