@@ -34,8 +34,9 @@ def seq_len(exp: config_lib.ExperimentConfig) -> int:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _Setup:
-  """What `accumulate`, `apply` and the sampler of one preset are built from on one target."""
+class ShapedStep:
+  """What `accumulate`, `apply` and the sampler of one preset are built from on one target: their
+  abstract inputs (`shaped_step`), which the plan compiles and the device check fills with arrays."""
 
   accumulate_args: tuple  # (grads, trainable, frozen, batch, dropout_key), abstract
   accumulate_kwargs: dict
@@ -58,7 +59,9 @@ class _Setup:
     return len(game.ROLES) * (self.sampler_head + self.sampler_copy)
 
 
-def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: int = 0) -> _Setup:
+def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: int = 0) -> ShapedStep:
+  """The train step's abstract inputs for `exp` on `target` (as maxtext's `get_shaped_inputs`): the
+  plan compiles them, the device check (`dpa_grpo.device_check`) runs them on real arrays."""
   shard = sharding_lib.ShardingConfig()
   devices = plan_lib.target_devices(target)
   mesh = plan_lib.target_mesh(devices, exp.mesh)
@@ -95,7 +98,7 @@ def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: in
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
   head, copied = plan_lib.sampler_held(pols.policy(trainable, frozen, role), mesh, exp.sampler)
-  return _Setup(
+  return ShapedStep(
     accumulate_args=(trainable, trainable, frozen, batch, key),
     accumulate_kwargs=dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
     chunk=chunk,
@@ -124,7 +127,7 @@ def programs(
 ) -> list[plan_lib.ProgramPlan]:
   """`accumulate`, `apply` (and the sampler's program at `exp.sampler.max_rows` rows) of `exp`'s
   preset compiled for `target`; `length`: the loss rows' width (0: `seq_len`)."""
-  su = _setup(exp, target, length)
+  su = shaped_step(exp, target, length)
   opt_state = plan_lib.tree_bytes(su.opt_state)
   frozen = plan_lib.tree_bytes(su.frozen)
   out = []
@@ -152,61 +155,6 @@ def programs(
       )
     )  # fmt: skip
   return out
-
-
-def measure_step(exp: config_lib.ExperimentConfig, *, length: int = 0, trials: int = 3) -> dict[str, Any]:
-  """The plan's `accumulate` for `exp` on this host's devices, predicted and then run.
-
-  The device check's `step` part (lm/device_check.py): the program compiled exactly as the plan
-  compiles it (`programs`), its memory analysis (compile) and roofline time (a model, from the
-  device's published figures, `plan_lib.local_target`), then called `trials` times on real
-  arrays — zero weights and adapters (a matmul's time does not depend on its values), the plan's
-  own packed batch, rows `length` wide (0: `seq_len`) — for the measured seconds (median, after
-  one warm-up call) and, where the backend reports it (GPU, TPU), the device's peak bytes in use.
-  On CPU the roofline figures are nominal and the memory is not reported.
-  """
-  import time
-
-  import numpy as np
-
-  target = plan_lib.local_target()
-  su = _setup(exp, target, length)
-  compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
-  plan = plan_lib.figures("accumulate", compiled, target, model=su.model, detail=su.detail)
-
-  def real(x):
-    return jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
-
-  _, trainable, frozen, _, key = su.accumulate_args
-  trainable, frozen = jax.tree.map(real, trainable), jax.tree.map(real, frozen)
-  key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
-  batch = {k: jax.device_put(v, su.accumulate_args[3][k].sharding) for k, v in su.chunk.items()}
-  device = jax.local_devices()[0]
-  stats = getattr(device, "memory_stats", lambda: None)() or {}
-  seconds = []
-  for _ in range(trials + 1):  # the first call warms up
-    grads = jax.tree.map(jax.numpy.zeros_like, trainable)
-    jax.block_until_ready(grads)
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(grads, trainable, frozen, batch, key))
-    seconds.append(time.perf_counter() - start)
-  after = getattr(device, "memory_stats", lambda: None)() or {}
-  measured = float(np.median(seconds[1:]))
-  return {
-    "target": dataclasses.asdict(target),
-    "program": plan.detail,
-    "predicted_peak_bytes": plan.peak,
-    "predicted_temporaries_bytes": plan.temporaries,
-    "predicted_seconds": plan.seconds,
-    "measured_seconds": measured,
-    "measured_seconds_all": seconds[1:],
-    "measured_over_roofline": measured / plan.seconds if plan.seconds else None,
-    "peak_bytes_in_use": after.get("peak_bytes_in_use"),
-    "bytes_in_use_before": stats.get("bytes_in_use"),
-    "source": "compile (predicted bytes), model (predicted seconds: counted FLOPs and bytes over the "
-    "device's published peak), measured (seconds; peak bytes in use: the process's peak so far, "
-    "as the backend reports it)",
-  }
 
 
 def _like_params(opt_state: Any, trainable: Any) -> Any:

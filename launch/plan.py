@@ -53,6 +53,17 @@ _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markd
 _MARKDOWN = flags.DEFINE_string("markdown", "docs/scale.md", "Where --render writes the table.")
 
 
+def _commit() -> str:
+  """The code's commit, "+dirty" when the working tree differs from it ("" outside a git checkout)."""
+  import subprocess
+
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=common.ROOT, capture_output=True, text=True).stdout.strip()
+
+  head = git("rev-parse", "--short", "HEAD")
+  return head + ("+dirty" if head and git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main(argv):
   del argv
   if _RENDER.value:
@@ -75,6 +86,7 @@ def main(argv):
     target = plan_lib.TARGETS[name]
     result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
     result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
+    result["commit"] = _commit()
     print(plan_lib.summary(result))
     if _OUT.value:
       os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

@@ -108,30 +108,52 @@ def budget(target: Target, headroom: float = HEADROOM) -> int:
   return int((1 - headroom) * pool_bytes(target))
 
 
-# Device kinds (`jax.Device.device_kind`, lower case) → the target whose published figures they have.
-_KINDS = (("h200", "h200x1"), ("h100", "h100x1"), ("v5p", "v5p-8"), ("v5 lite", "v5e-8"), ("v5e", "v5e-8"),
-          ("v6 lite", "v6e-8"), ("v6e", "v6e-8"))  # fmt: skip
+# `jax.Device.device_kind` as the runtimes report it (exactly: an H100 PCIe or an H200 NVL has other
+# figures and no entry) → the chip family of `TARGETS`. A v5p reports "TPU v5", a v5e "TPU v5 lite".
+KINDS = {
+  "NVIDIA H200": "h200",
+  "NVIDIA H100 80GB HBM3": "h100",
+  "TPU v5": "v5p",
+  "TPU v5p": "v5p",
+  "TPU v5 lite": "v5e",
+  "TPU v5e": "v5e",
+  "TPU v6 lite": "v6e",
+  "TPU v6e": "v6e",
+}
+
+
+def kind_target(kind: str, devices: int) -> str:
+  """The `TARGETS` name of `devices` local devices of `kind` ("NVIDIA H200", 1 → "h200x1";
+  "TPU v5", 4 → "v5p-8": a v5p-N name counts TensorCores, two a chip), "" for an unknown kind. The
+  name may be one the table does not plan (`TARGETS` has no "h200x2")."""
+  family = KINDS.get(kind, "")
+  if not family:
+    return ""
+  if family.startswith("h"):
+    return f"{family}x{devices}"
+  return f"{family}-{2 * devices if family == 'v5p' else devices}"
 
 
 def local_target() -> Target:
   """This host's devices as a target (the device check measures there): per-device memory as the
-  device reports it (else the published figure), bandwidth and peak FLOP/s from the `TARGETS`
-  entry of its kind; CPU devices get `cpu_target`'s nominal figures."""
+  device reports it (on a GPU, JAX's allocator pool), bandwidth and peak FLOP/s from the `TARGETS`
+  entry of its kind (`KINDS`); CPU devices get `cpu_target`'s nominal figures."""
   devices = jax.local_devices()
   if devices[0].platform == "cpu":
     return cpu_target(len(devices), 16 * GiB)
-  kind = devices[0].device_kind.lower()
-  known = next((TARGETS[name] for key, name in _KINDS if key in kind), None)
+  kind = devices[0].device_kind
+  family = KINDS.get(kind, "")
+  known = next((t for name, t in TARGETS.items() if family and name.startswith(family)), None)
   stats = devices[0].memory_stats() or {}
   hbm = stats.get("bytes_limit") or (known.hbm_bytes if known else 0)
   return Target(
-    name=f"local {devices[0].device_kind} x{len(devices)}",
+    name=kind_target(kind, len(devices)) or f"local {kind} x{len(devices)}",
     platform="local",
     devices=len(devices),
     hbm_bytes=int(hbm),
     hbm_bandwidth=known.hbm_bandwidth if known else float("nan"),
     peak_flops=known.peak_flops if known else float("nan"),
-    note=f"figures of {known.name}" if known else "no published figures for this device kind",
+    note=f"figures of {known.name}" if known else f"no published figures for device kind {kind!r}",
   )
 
 
