@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 
 from configs import dpa_grpo as presets
-from configs import targets
 from dpa_grpo import config as config_lib
 from dpa_grpo import plan as dpa_plan
 from dpa_grpo import step
@@ -102,7 +101,7 @@ def accumulate_row(
     c.train.pairs_per_chunk = 2
     length, name = 64, "tiny"
   else:
-    if target.name not in targets.DPA_GRPO[PRESET]:
+    if target.name not in presets.TARGETS[PRESET]:
       raise ValueError(
         f"no docs/scale.md row plans {target.name!r} (device {jax.devices()[0].device_kind!r})"
       )

@@ -1,6 +1,7 @@
-"""configs/targets.py: every `<preset>@<target>` parses into its typed config through the config
-flag, and each override is one the plan's own records (docs/results/plan.jsonl) show fitting the
-target's budget (`lm.plan.budget`), the sampler copies the old records leave out added."""
+"""The `<preset>@<target>` tables of configs/dpa_grpo.py and configs/kace.py: every entry parses into
+its typed config through the config flag, and each override is one the plan's own records
+(docs/results/plan.jsonl) show fitting the target's budget (`lm.plan.budget`), the sampler copies
+the old records leave out added."""
 
 import json
 import pathlib
@@ -11,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import dpa_grpo as dpa_configs
-from configs import targets
+from configs import kace as kace_configs
 from dpa_grpo import config as config_lib
 from kace.config import KaceConfig
 from lm import plan as plan_lib
@@ -39,10 +40,10 @@ def _parsed(job: str, preset: str):
   return holder.config
 
 
-@pytest.mark.parametrize("target", sorted(targets.DPA_GRPO["qwen3_4b"]))
+@pytest.mark.parametrize("target", sorted(dpa_configs.TARGETS["qwen3_4b"]))
 def test_dpa_target_presets_parse_and_fit_by_the_plans_own_figures(target):
   typed = config_lib.ExperimentConfig.from_dict(_parsed("dpa_grpo", f"qwen3_4b@{target}").to_dict())
-  want = targets.DPA_GRPO["qwen3_4b"][target]
+  want = dpa_configs.TARGETS["qwen3_4b"][target]
   assert (
     typed.train.pairs_per_chunk == want["train.pairs_per_chunk"] and typed.loss.remat == want["loss.remat"]
   )
@@ -67,7 +68,7 @@ def test_dpa_target_presets_parse_and_fit_by_the_plans_own_figures(target):
     sample = next(p for p in record["programs"] if p["name"] == "sample")
     assert (sample["peak"] / GiB + held + m.num_params * 2 / t.devices / GiB) <= budget
   else:
-    assert ("dpa_grpo", "qwen3_4b", target) in targets.UNPLANNED
+    assert ("qwen3_4b", target) in dpa_configs.UNPLANNED
 
 
 def test_h100x1_carries_a_micro_batch_that_fits_one_h100():
@@ -75,10 +76,10 @@ def test_h100x1_carries_a_micro_batch_that_fits_one_h100():
   assert config.train.pairs_per_chunk == 8 < dpa_configs.get_config("qwen3_4b").train.pairs_per_chunk
 
 
-@pytest.mark.parametrize("target", sorted(targets.KACE["qwen3_4b"]))
+@pytest.mark.parametrize("target", sorted(kace_configs.TARGETS["qwen3_4b"]))
 def test_kace_target_presets_parse_and_fit_by_the_plans_own_figures(target):
   typed = KaceConfig.from_dict(_parsed("kace", f"qwen3_4b@{target}").to_dict())
-  rows = targets.KACE["qwen3_4b"][target]["roles.solver.sampler.max_rows"]
+  rows = kace_configs.TARGETS["qwen3_4b"][target]["roles.solver.sampler.max_rows"]
   assert typed.roles.solver.sampler["max_rows"] == rows
   record = _records()[("configs/kace.py:qwen3_4b", target)]
   if record["overrides"]["roles.solver.sampler.max_rows"] == rows:
@@ -93,3 +94,5 @@ def test_kace_target_presets_parse_and_fit_by_the_plans_own_figures(target):
 def test_an_unknown_target_names_the_known_ones():
   with pytest.raises(ValueError, match="unknown target 'h100x9'.*h100x1"):
     dpa_configs.get_config("qwen3_4b@h100x9")
+  with pytest.raises(ValueError, match="unknown target 'v5e-8'.*h100x1"):  # no row count fits there
+    kace_configs.get_config("qwen3_4b@v5e-8")
