@@ -1,5 +1,7 @@
-"""Plans a preset for a target: compiles its programs ahead of time, picks mesh / remat / micro-batch
-that fit with headroom, prints `--config.*` overrides (docs/scale.md).
+"""Plans a preset for a target: compiles its programs ahead of time, picks remat / micro-batch /
+sampler rows that fit the target's budget (`lm.plan.budget`: 90% of the memory JAX may use, on a GPU
+its allocator pool, lm/memory.py), prints `--config.*` overrides (docs/scale.md). The mesh is the
+preset's (`--config.mesh.*` plans another); each record carries the code's commit.
 
   python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8
   python -m launch.plan --config=configs/kace.py:qwen3_4b --target=v5p-8 --out=docs/results/plan.jsonl

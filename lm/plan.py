@@ -555,7 +555,9 @@ def render(records: list[dict], *, date: str) -> str:
     "for the verifier role; its sampler at the config's `sampler.max_rows` rows a call (records before",
     "issue 48: 256), n = 1; KACE's solver at its preset's sampling budget and `max_rows`, n = 1. The",
     "notes give the prompt rows compiled (the sampler buckets them). A target's devices: a v5p-N name",
-    "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips).",
+    "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips). `--config=<file>:<preset>@<target>`",
+    "applies a target's fitting overrides (the `TARGETS` tables of configs/dpa_grpo.py and",
+    "configs/kace.py, checked against these records by tests/configs/targets_test.py).",
     "",
   ]
   for preset in dict.fromkeys(r["preset"] for r in records):
