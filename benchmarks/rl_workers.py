@@ -44,13 +44,13 @@ class JaxSide:
     import jax
 
     from benchmarks.train_step_bench import JaxStep
-    from dpa_grpo import train
+    from dpa_grpo import config as config_lib
     from lm import sampler as sampler_lib
 
     self.version = f"jax {jax.__version__}"
     self.settings, batch = _settings(path)
     self.trainer = JaxStep(path, batch, self.settings["chunks"])
-    self.sampler = sampler_lib.Sampler(self.trainer.policy(), config=train._SAMPLER)
+    self.sampler = sampler_lib.Sampler(self.trainer.policy(), config=config_lib.ExperimentConfig().sampler)
     self.calls = 0
 
   def greedy(self, new: int) -> dict:

@@ -10,6 +10,8 @@ Presets (`--config=configs/dpa_grpo.py:<preset>`):
   qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
 A preset may add a method to a CPU run too: cpu_grpo, tiny_dapo, ... A preset is `<size>` or
 `<size>_<method>`, size in cpu, tiny, qwen3_4b, qwen3_8b; an unknown one fails naming the valid ones.
+`<preset>@<target>` adds the plan's overrides for a machine (`TARGETS` below, docs/scale.md):
+qwen3_4b@h100x1, qwen3_4b_grpo@v5p-8, ...
 Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.data.root=...
 """
 
@@ -44,6 +46,7 @@ def parse_preset(preset: str) -> tuple[str, str]:
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
+  preset, _, target = preset.partition("@")
   size, method = parse_preset(preset)
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -187,6 +190,10 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     )
   )
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tp=1))
+  # Every role's in-process sampler (lm.sampler.SamplerConfig): at most max_rows decode rows a device
+  # call (larger requests are chunked; launch.plan compiles the sampler at it), rollout prompts
+  # padded to multiples of 64 tokens, new tokens to multiples of step_bucket.
+  c.sampler = ml_collections.ConfigDict(dict(max_rows=256, prompt_bucket_multiple=64, step_bucket=64))
   # dpa_grpo.reproduce: a supervised warm start of a from-scratch backbone (steps=0: none; fields
   # of dpa_grpo.config.WarmStartConfig) and the methods run beside `method` for comparison.
   c.warm_start = ml_collections.ConfigDict(
@@ -253,7 +260,46 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     _testbed_v2(c)
   if method == "zero_shot":
     c.train.steps = 0
+  if target:
+    c.update_from_flattened_dict(target_overrides(size, target))
   return c
+
+
+# The plan's overrides per preset size and target (`<preset>@<target>`): micro-batch, remat and
+# sampler rows a call, each what the plan chose or compiled for that target (docs/scale.md, from
+# docs/results/plan.jsonl) read against `lm.plan.budget`: 90% of the memory JAX may use, on a GPU
+# the allocator's pool the launchers set (0.90 of the card, lm/memory.py). The mesh is the preset's
+# (fsdp over every device), as the plan compiled it. tests/configs/targets_test.py checks each
+# entry against its plan record. A target left out of an entry's sampler rows: not compiled yet
+# (`UNPLANNED`); `launch.plan --target=<name>` plans it.
+TARGETS = {
+  "qwen3_4b": {
+    "v5e-8": {"loss.remat": "full", "train.pairs_per_chunk": 8},  # accumulate 9.2 GiB of 14.4
+    "v6e-8": {"loss.remat": "full", "train.pairs_per_chunk": 16},  # 16.8 GiB of 28.8
+    "v5p-8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+    "v5p-64": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+    # compiled with the sampler copies: accumulate 59.6 GiB, the sampler at 32 rows 42.6 GiB, of 64.1
+    # GiB (0.9 x the 0.90 pool); 64 sampler rows peak at 68.9 GiB
+    "h100x1": {"loss.remat": "full", "train.pairs_per_chunk": 8, "sampler.max_rows": 32},
+    "h100x8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+    # compiled likewise: accumulate 107.0 GiB, the sampler at 64 rows 69.0 GiB, of 113.7 (128: 121.7)
+    "h200x1": {"loss.remat": "full", "train.pairs_per_chunk": 16, "sampler.max_rows": 64},
+    "h200x8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+  },
+}
+
+UNPLANNED = {
+  ("qwen3_4b", "v5e-8"): "sampler rows: the compiler refused 256 rows; fewer not compiled yet",
+  ("qwen3_4b", "v6e-8"): "sampler rows: 256 rows peak at 31.3 GiB of 28.8; fewer not compiled yet",
+}
+
+
+def target_overrides(size: str, target: str) -> dict:
+  """The dotted overrides of preset `size` on `target`; ValueError naming the known targets."""
+  known = TARGETS.get(size, {})
+  if target not in known:
+    raise ValueError(f"configs/dpa_grpo.py: unknown target {target!r} for {size}; known: {sorted(known)}")
+  return dict(known[target])
 
 
 def _reference_training(c: ml_collections.ConfigDict) -> None:

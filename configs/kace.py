@@ -13,6 +13,8 @@ testbed_v2  testbed v2 (docs/kace.md): kind words shared across domains with con
           problems, ADD's strict rule, retrieval k chosen on validation.
 openai    any OpenAI-compatible server (vLLM, SGLang, launch/serve.py):
           --config.roles.solver.base_url=http://host:8000/v1 --config.roles.solver.model=Qwen/Qwen3-4B
+qwen3_4b@<target>  the same with the plan's overrides for a machine (`TARGETS` below), e.g.
+          qwen3_4b@h100x1, qwen3_4b@v5p-8
 """
 
 import ml_collections
@@ -38,7 +40,23 @@ SOLVER_TEMPLATE = (
 )
 
 
+# The plan's solver rows a call per preset and target (`qwen3_4b@<target>`; docs/scale.md, from
+# docs/results/plan.jsonl, read against `lm.plan.budget`: 90% of the memory JAX may use). v5e-8: no
+# row count fits the preset's mesh (every candidate refused); v6e-8: not planned yet.
+TARGETS = {
+  "qwen3_4b": {
+    "v5p-8": {"roles.solver.sampler.max_rows": 16},
+    "v5p-64": {"roles.solver.sampler.max_rows": 16},
+    "h100x1": {"roles.solver.sampler.max_rows": 8},  # 60.4 GiB of 64.1
+    "h100x8": {"roles.solver.sampler.max_rows": 16},
+    "h200x1": {"roles.solver.sampler.max_rows": 16},  # 105.8 GiB of 113.7
+    "h200x8": {"roles.solver.sampler.max_rows": 16},
+  },
+}
+
+
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
+  arg, _, target = arg.partition("@")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.methods = ("best_of_n", "best_of_n_curve", "tiered", "kace")
@@ -323,6 +341,11 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     c.eval.batch_size = 500
   else:
     raise ValueError(f"configs/kace.py: unknown preset {arg!r} (cpu, testbed, testbed_v2, qwen3_4b, openai)")
+  if target:
+    known = TARGETS.get(arg, {})
+    if target not in known:
+      raise ValueError(f"configs/kace.py: unknown target {target!r} for {arg}; known: {sorted(known)}")
+    c.update_from_flattened_dict(known[target])
   return c
 
 

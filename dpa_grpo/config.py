@@ -19,6 +19,7 @@ from dpa_grpo import game, losses, rollout
 from dpa_grpo.envs import taxcalc
 from lm import sharding
 from lm.model import REMAT_POLICIES
+from lm.sampler import SamplerConfig
 
 METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
 BASELINES = losses.BASELINES
@@ -418,6 +419,12 @@ class ExperimentConfig:
   optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
   mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+  # The in-process sampler of every role (`lm.sampler.SamplerConfig`): `max_rows` decode rows a
+  # device call (the trainer's memory knob beside `loss.remat` and `train.pairs_per_chunk`; the
+  # plan compiles the sampler at it, docs/scale.md); long rollout prompts of similar lengths
+  # padded to multiples of `prompt_bucket_multiple` rather than powers of two (prefill attention
+  # is quadratic in the padded length).
+  sampler: SamplerConfig = dataclasses.field(default_factory=lambda: SamplerConfig(prompt_bucket_multiple=64))
   warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
   compare: tuple[str, ...] = ()
 
@@ -456,6 +463,7 @@ class ExperimentConfig:
       "optim": lambda d: build(OptimConfig, d, "optim"),
       "train": lambda d: build(TrainConfig, d, "train"),
       "mesh": lambda d: build(sharding.MeshConfig, d, "mesh"),
+      "sampler": lambda d: build(SamplerConfig, d, "sampler"),
       "warm_start": lambda d: build(
         WarmStartConfig, {**d, **({"turns": _tuple(d["turns"])} if "turns" in d else {})}, "warm_start"
       ),

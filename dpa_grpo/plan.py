@@ -1,7 +1,12 @@
 """DPA-GRPO's programs planned for a target (`lm.plan`): the train step's `accumulate` (policy
 loss, its gradient and the frozen reference's scoring, one chunk), `apply` (the AdamW update) and
-the sampler's prefill-and-decode, on abstract weights; and the choice of remat and micro-batch
-(`loss.remat`, `train.pairs_per_chunk`) that fits a target with headroom."""
+the sampler's prefill-and-decode at the config's `sampler.max_rows`, on abstract weights; and the
+choice of remat, micro-batch and sampler rows (`loss.remat`, `train.pairs_per_chunk`,
+`sampler.max_rows`) that fits a target with headroom.
+
+Each program's peak counts what the trainer keeps beside it (`resident`): the optimiser state, and
+every role's sampler's copies (`lm.plan.sampler_held`: the [D, V] head `Sampler.refresh` makes, the
+decode layout's weights where they differ from the training layout)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 import jax
 
 from dpa_grpo import config as config_lib
-from dpa_grpo import packing, policies, step
+from dpa_grpo import game, packing, policies, step
 from lm import plan as plan_lib
 from lm import shapes
 from lm import sharding as sharding_lib
@@ -20,7 +25,6 @@ from lm.config import ModelConfig
 
 ROLE = "verifier"  # the role planned: its rows are as long as the generator's
 PROMPT_TOKENS = 2048  # assumed prompt length of a TaxCalcBench form (a stated model, not measured)
-SAMPLE_ROWS = 256  # the trainer's sampler rows per call (`lm.sampler.SamplerConfig.max_rows`)
 
 
 def seq_len(exp: config_lib.ExperimentConfig) -> int:
@@ -30,8 +34,9 @@ def seq_len(exp: config_lib.ExperimentConfig) -> int:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _Setup:
-  """What `accumulate`, `apply` and the sampler of one preset are built from on one target."""
+class ShapedStep:
+  """What `accumulate`, `apply` and the sampler of one preset are built from on one target: their
+  abstract inputs (`shaped_step`), which the plan compiles and the device check fills with arrays."""
 
   accumulate_args: tuple  # (grads, trainable, frozen, batch, dropout_key), abstract
   accumulate_kwargs: dict
@@ -45,9 +50,18 @@ class _Setup:
   shard: sharding_lib.ShardingConfig
   model: tuple[float, float]  # counted (FLOPs, bytes) of one accumulate call per device
   detail: str
+  sampler_head: int  # per device, one role's sampler's [D, V] head copy (`lm.plan.sampler_held`)
+  sampler_copy: int  # per device, one role's sampler's decode-layout weight copy (0: none)
+
+  @property
+  def samplers_held(self) -> int:
+    """Per device, what every role's sampler keeps through the train step (the trainer has one a role)."""
+    return len(game.ROLES) * (self.sampler_head + self.sampler_copy)
 
 
-def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: int = 0) -> _Setup:
+def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: int = 0) -> ShapedStep:
+  """The train step's abstract inputs for `exp` on `target` (as maxtext's `get_shaped_inputs`): the
+  plan compiles them, the device check (`dpa_grpo.device_check`) runs them on real arrays."""
   shard = sharding_lib.ShardingConfig()
   devices = plan_lib.target_devices(target)
   mesh = plan_lib.target_mesh(devices, exp.mesh)
@@ -83,7 +97,8 @@ def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: in
   extra = {"none": 0.0, "dots_saveable": 0.5, "full": 1.0}[exp.loss.remat]
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
-  return _Setup(
+  head, copied = plan_lib.sampler_held(pols.policy(trainable, frozen, role), mesh, exp.sampler)
+  return ShapedStep(
     accumulate_args=(trainable, trainable, frozen, batch, key),
     accumulate_kwargs=dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
     chunk=chunk,
@@ -96,6 +111,8 @@ def _setup(exp: config_lib.ExperimentConfig, target: plan_lib.Target, length: in
     shard=shard,
     model=(fwd * passes, weights * passes),
     detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+    sampler_head=head,
+    sampler_copy=copied,
   )
 
 
@@ -106,108 +123,38 @@ def programs(
   train: bool = True,
   sample: bool = True,
   length: int = 0,
-  sample_rows: int = SAMPLE_ROWS,
   prompt_tokens: int = PROMPT_TOKENS,
 ) -> list[plan_lib.ProgramPlan]:
-  """`accumulate`, `apply` (and the sampler's program) of `exp`'s preset compiled for `target`;
-  `length`: the loss rows' width (0: `seq_len`)."""
-  su = _setup(exp, target, length)
-  out = (
-    []
-    if not train
-    else [
+  """`accumulate`, `apply` (and the sampler's program at `exp.sampler.max_rows` rows) of `exp`'s
+  preset compiled for `target`; `length`: the loss rows' width (0: `seq_len`)."""
+  su = shaped_step(exp, target, length)
+  opt_state = plan_lib.tree_bytes(su.opt_state)
+  frozen = plan_lib.tree_bytes(su.frozen)
+  out = []
+  if train:
+    out += [
       plan_lib.compile_program(
-        "accumulate",
-        step.accumulate,
-        su.accumulate_args,
-        su.accumulate_kwargs,
-        target,
-        model=su.model,
-        resident=plan_lib.tree_bytes(su.opt_state),
-        detail=su.detail,
+        "accumulate", step.accumulate, su.accumulate_args, su.accumulate_kwargs, target, model=su.model,
+        resident=opt_state + su.samplers_held, detail=su.detail,
       ),
       plan_lib.compile_program(
-        "apply",
-        step.apply,
-        (su.trainable, su.opt_state, su.trainable),
-        dict(tx=su.tx),
-        target,
-        model=(0.0, 4 * plan_lib.tree_bytes(su.trainable)),
+        "apply", step.apply, (su.trainable, su.opt_state, su.trainable), dict(tx=su.tx), target,
+        model=(0.0, 4 * plan_lib.tree_bytes(su.trainable)), resident=frozen + su.samplers_held,
       ),
-    ]
-  )
+    ]  # fmt: skip
   if sample:
     sampled = su.policies.policy(su.trainable, su.frozen, su.accumulate_kwargs["role"])
+    # Beside a role's sampling: the optimiser state, the other roles' samplers, and the training
+    # layout's weights where this sampler reads a copy of them.
+    others = su.samplers_held - su.sampler_head - su.sampler_copy
     out.append(
       plan_lib.sampler_program(
-        sampled,
-        su.mesh,
-        target,
-        rows=sample_rows,
-        prompt_len=prompt_tokens,
-        new_tokens=exp.rollout.max_new_tokens,
-        n=1,
-        step_bucket=64,
-        shard=su.shard,
-        resident=plan_lib.tree_bytes(su.opt_state) + plan_lib.tree_bytes(su.trainable),
+        sampled, su.mesh, target, rows=exp.sampler.max_rows, prompt_len=prompt_tokens,
+        new_tokens=exp.rollout.max_new_tokens, n=1, config=exp.sampler,
+        resident=opt_state + others + (frozen if su.sampler_copy else 0),
       )
-    )
+    )  # fmt: skip
   return out
-
-
-def measure_step(exp: config_lib.ExperimentConfig, *, length: int = 0, trials: int = 3) -> dict[str, Any]:
-  """The plan's `accumulate` for `exp` on this host's devices, predicted and then run.
-
-  The device check's `step` part (lm/device_check.py): the program compiled exactly as the plan
-  compiles it (`programs`), its memory analysis (compile) and roofline time (a model, from the
-  device's published figures, `plan_lib.local_target`), then called `trials` times on real
-  arrays — zero weights and adapters (a matmul's time does not depend on its values), the plan's
-  own packed batch, rows `length` wide (0: `seq_len`) — for the measured seconds (median, after
-  one warm-up call) and, where the backend reports it (GPU, TPU), the device's peak bytes in use.
-  On CPU the roofline figures are nominal and the memory is not reported.
-  """
-  import time
-
-  import numpy as np
-
-  target = plan_lib.local_target()
-  su = _setup(exp, target, length)
-  compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
-  plan = plan_lib.figures("accumulate", compiled, target, model=su.model, detail=su.detail)
-
-  def real(x):
-    return jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
-
-  _, trainable, frozen, _, key = su.accumulate_args
-  trainable, frozen = jax.tree.map(real, trainable), jax.tree.map(real, frozen)
-  key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
-  batch = {k: jax.device_put(v, su.accumulate_args[3][k].sharding) for k, v in su.chunk.items()}
-  device = jax.local_devices()[0]
-  stats = getattr(device, "memory_stats", lambda: None)() or {}
-  seconds = []
-  for _ in range(trials + 1):  # the first call warms up
-    grads = jax.tree.map(jax.numpy.zeros_like, trainable)
-    jax.block_until_ready(grads)
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(grads, trainable, frozen, batch, key))
-    seconds.append(time.perf_counter() - start)
-  after = getattr(device, "memory_stats", lambda: None)() or {}
-  measured = float(np.median(seconds[1:]))
-  return {
-    "target": dataclasses.asdict(target),
-    "program": plan.detail,
-    "predicted_peak_bytes": plan.peak,
-    "predicted_temporaries_bytes": plan.temporaries,
-    "predicted_seconds": plan.seconds,
-    "measured_seconds": measured,
-    "measured_seconds_all": seconds[1:],
-    "measured_over_roofline": measured / plan.seconds if plan.seconds else None,
-    "peak_bytes_in_use": after.get("peak_bytes_in_use"),
-    "bytes_in_use_before": stats.get("bytes_in_use"),
-    "source": "compile (predicted bytes), model (predicted seconds: counted FLOPs and bytes over the "
-    "device's published peak), measured (seconds; peak bytes in use: the process's peak so far, "
-    "as the backend reports it)",
-  }
 
 
 def _like_params(opt_state: Any, trainable: Any) -> Any:
@@ -236,18 +183,19 @@ def choose(
   config: dict,
   target: plan_lib.Target,
   *,
-  headroom: float = 0.25,
+  headroom: float = plan_lib.HEADROOM,
   sample: bool = True,
   length: int = 0,
-  sample_rows: int = SAMPLE_ROWS,
   prompt_tokens: int = PROMPT_TOKENS,
 ) -> Choice:
-  """The first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit `target` with
-  `headroom` of its memory free; the last one tried when none does. `config`: a preset's
+  """The first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit `target`'s
+  budget (`lm.plan.budget`: the memory JAX may use less `headroom`), then the most sampler rows a
+  call (the config's `sampler.max_rows`, halved until it fits) whose program fits beside them; the
+  last one tried when none does. It fits only when every program does. `config`: a preset's
   `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise)."""
-  budget = (1 - headroom) * target.hbm_bytes
+  budget = plan_lib.budget(target, headroom)
   base = config_lib.ExperimentConfig.from_dict(config)
-  choice, tried = None, []
+  choice, tried, exp = None, [], base
   start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
   for remat, divide in CANDIDATES[start:]:
     pairs = max(1, base.train.pairs_per_chunk // divide)
@@ -270,19 +218,43 @@ def choose(
     if choice.fits:
       break
     tried.append(f"remat {remat}, {pairs} pairs: peak {peak / plan_lib.GiB:.1f} GiB")
-  if sample:
+  if not sample:
+    return choice
+  rows = base.sampler.max_rows
+  while True:
+    at = dataclasses.replace(exp, sampler=dataclasses.replace(exp.sampler, max_rows=rows))
     try:
-      sampled = programs(
-        base, target, train=False, length=length, sample_rows=sample_rows, prompt_tokens=prompt_tokens
-      )
-    except Exception as e:  # noqa: BLE001 -- the sampler refused for memory: the training plan stands
+      (sampled,) = programs(at, target, train=False, length=length, prompt_tokens=prompt_tokens)
+      why = None if sampled.peak <= budget else f"peak {sampled.peak / plan_lib.GiB:.1f} GiB"
+    except Exception as e:  # noqa: BLE001 -- the sampler refused for memory: fewer rows may fit
       if plan_lib.refusal(e) is None:
         raise
-      return dataclasses.replace(
-        choice, tried=(*choice.tried, f"sampler at {sample_rows} rows: refused ({plan_lib.refusal(e)})")
-      )
-    choice = dataclasses.replace(choice, programs=[*choice.programs, *sampled])
-  return choice
+      sampled, why = None, f"refused ({plan_lib.refusal(e)})"
+    if why is None or rows == 1:
+      break
+    tried.append(f"sampler at {rows} rows: {why}")
+    rows //= 2
+  return Choice(
+    overrides={**choice.overrides, "sampler.max_rows": rows},
+    programs=[*choice.programs, *([sampled] if sampled else [])],
+    fits=choice.fits and why is None,
+    tried=(*tried, *([f"sampler at {rows} rows: {why}"] if why else [])),
+  )
+
+
+def check(
+  config: dict,
+  target: plan_lib.Target,
+  *,
+  headroom: float = plan_lib.HEADROOM,
+  prompt_tokens: int = PROMPT_TOKENS,
+) -> Choice:
+  """The config's own programs on `target`, as given (no search): what `launch.dpa_grpo --dry_run`
+  prints for this host's devices. It fits when every program's peak is within `lm.plan.budget`."""
+  exp = config_lib.ExperimentConfig.from_dict(config)
+  budget = plan_lib.budget(target, headroom)
+  compiled = programs(exp, target, prompt_tokens=prompt_tokens)
+  return Choice(overrides={}, programs=compiled, fits=all(p.peak <= budget for p in compiled))
 
 
 def _mesh_overrides(mesh: sharding_lib.MeshConfig) -> dict[str, int]:

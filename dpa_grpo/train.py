@@ -76,11 +76,6 @@ def _summary_writer(logdir: str, purge_step: int) -> Any:
   return SummaryWriter(logdir, purge_step=purge_step)
 
 
-# Rollout prompts are long and of similar lengths: padding them to multiples of 64 rather than to
-# powers of two keeps prefill attention (quadratic in the padded length) from doubling.
-_SAMPLER = sampler_lib.SamplerConfig(prompt_bucket_multiple=64)
-
-
 class Trainer:
   """The training loop's state and I/O; the numerics live in `dpa_grpo.step`'s jitted functions."""
 
@@ -124,7 +119,9 @@ class Trainer:
     else:
       self.samplers = {
         role: rollout.RolePolicy(
-          sampler_lib.Sampler(self._view(role), tokenizer=self.tokenizer, mesh=self.mesh, config=_SAMPLER),
+          sampler_lib.Sampler(
+            self._view(role), tokenizer=self.tokenizer, mesh=self.mesh, config=config.sampler
+          ),
           self.tokenizer,
           self.rollout_cfg.enable_thinking,
         )

@@ -5,12 +5,12 @@ with headroom. KACE trains nothing, so the sampler is its only program."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from lm import plan as plan_lib
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
+from lm.sampler import SamplerConfig
 
 PROMPT_TOKENS = 2048  # assumed: a problem, the cards in the prompt and the chat template (a model)
 ROWS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
@@ -31,26 +31,29 @@ def solver_program(config: dict, target: plan_lib.Target, *, rows: int, prompt_t
   mesh = plan_lib.target_mesh(plan_lib.target_devices(target), sharding_lib.MeshConfig(**solver["mesh"]))
   model_cfg = ModelConfig.preset(solver.get("preset") or "qwen3_4b")
   model = plan_lib.abstract_model(model_cfg, solver["dtype"], mesh, shard)
-  batch_multiple = math.prod(mesh.shape[a] for a in sharding_lib.BATCH_AXES)
   return plan_lib.sampler_program(
     model,
     mesh,
     target,
-    rows=-(-rows // batch_multiple) * batch_multiple,
+    rows=rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
     prompt_len=prompt_tokens,
     new_tokens=config["sampling"]["max_tokens"],
     n=1,
-    step_bucket=solver["sampler"].get("step_bucket", 64),
-    shard=shard,
+    config=SamplerConfig(**{**solver["sampler"], "max_rows": rows}),
   )
 
 
 def choose(
-  config: dict, target: plan_lib.Target, *, headroom: float = 0.25, prompt_tokens: int = PROMPT_TOKENS
+  config: dict,
+  target: plan_lib.Target,
+  *,
+  headroom: float = plan_lib.HEADROOM,
+  prompt_tokens: int = PROMPT_TOKENS,
 ):
-  """The most rows a call (at most the preset's `max_rows`) whose program fits `target` with
-  `headroom` of its memory free; the smallest tried when none does. The mesh is the preset's."""
-  budget = (1 - headroom) * target.hbm_bytes
+  """The most rows a call (at most the preset's `max_rows`) whose program fits `target`'s budget
+  (`lm.plan.budget`: the memory JAX may use less `headroom`); the smallest tried when none does.
+  The mesh is the preset's."""
+  budget = plan_lib.budget(target, headroom)
   solver = config["roles"]["solver"]
   most = solver["sampler"].get("max_rows", 256)
   choice, tried = None, []

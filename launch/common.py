@@ -10,7 +10,11 @@ expensive runs:
     `required_weights`) and an input path that does not exist; every failure is one line, exit 2,
     with nothing written;
   - absl / orbax INFO logging is off unless `--verbosity` (or `-v`) is given; progress lines
-    (`lm.progress`) print either way.
+    (`lm.progress`) print either way;
+  - on a GPU, JAX's allocator gets `XLA_PYTHON_CLIENT_MEM_FRACTION` = 0.90 of the card unless the
+    user set it (`lm.memory`: the pool `launch.plan` budgets against; JAX's own default is 0.75);
+  - `--dry_run` (launchers that load a model) checks the config, prints the plan of its programs
+    for this host's devices and writes nothing.
 
 Config paths resolve from the working directory first, then from the installed package, so the
 console entry points (setup.py) work from any directory.
@@ -37,7 +41,7 @@ from typing import Any, NoReturn, TypeVar
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from lm import progress, rundir
+from lm import memory, progress, rundir
 
 T = TypeVar("T")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds configs/, launch/, lm/
@@ -392,6 +396,10 @@ def run(main: Callable[[list[str]], Any], *, required: Iterable[str] = ("workdir
   if "--helpfull" in argv[1:]:
     app.usage(writeto_stdout=True)
     sys.exit(0)
+  try:  # before any backend starts: the pool the plan budgets against
+    memory.set_gpu_fraction()
+  except ValueError as e:
+    fail(str(e))
   for name in required:
     if flags.FLAGS[name].default is None:  # a config flag given on the command line has its file
       flags.mark_flag_as_required(name)

@@ -10,7 +10,13 @@ docs/dpa_grpo.md.
       --config.train.steps=50
   python -m launch.dpa_grpo --config=configs/dpa_grpo.py:qwen3_4b --workdir=... \
       --config.model.checkpoint=/models/Qwen3-4B --config.data.root=.../ty24/test_data
+  python -m launch.dpa_grpo ... --dry_run   # checks the config, prints the plan for this host's
+                                            # devices, writes nothing; exit 1 if it does not fit
 """
+
+import sys
+
+from absl import flags
 
 from dpa_grpo import reproduce
 from dpa_grpo.config import ExperimentConfig
@@ -24,12 +30,35 @@ common.define_workdir()
 def typed_config(config) -> ExperimentConfig:
   """The typed config of this launcher (lm-sweep checks every point with it)."""
   return ExperimentConfig.from_dict(config.to_dict())
+_DRY_RUN = flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "Check the config, compile its programs for this host's devices and print their memory against "
+  "the budget (lm.plan), then stop: nothing is written, --workdir is not created. Exit 1 if a "
+  "program does not fit.",
+)
+
+
+def dry_run(config_dict: dict) -> bool:
+  """Prints the plan of the config's programs (accumulate, apply, the sampler) for this host's
+  devices (`dpa_grpo.plan.check`); whether they fit."""
+  from dpa_grpo import plan as dpa_plan
+  from lm import plan as plan_lib
+
+  path, preset = common.config_source("config")
+  record = plan_lib.run_plan(
+    dpa_plan.check, f"{path}:{preset}", config_dict, plan_lib.local_target(), plan_lib.HEADROOM
+  )
+  print(plan_lib.summary(record))
+  return bool(record.get("fits"))
 
 
 def main(argv):
   del argv
   config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
+  if _DRY_RUN.value:
+    sys.exit(0 if dry_run(_CONFIG.value.to_dict()) else 1)
   workdir = common.prepare_workdir(config)
   with common.work(f"{config.method} into {workdir}"):
     reproduce.run(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)

@@ -1,5 +1,7 @@
-r"""Plans a preset for a target: compiles its programs ahead of time, picks mesh / remat / micro-batch
-that fit with headroom, prints `--config.*` overrides (docs/scale.md).
+r"""Plans a preset for a target: compiles its programs ahead of time, picks remat / micro-batch /
+sampler rows that fit the target's budget (`lm.plan.budget`: 90% of the memory JAX may use, on a GPU
+its allocator pool, lm/memory.py), prints `--config.*` overrides (docs/scale.md). The mesh is the
+preset's (`--config.mesh.*` plans another); each record carries the code's commit.
 
   python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8
   python -m launch.plan --config=configs/kace.py:qwen3_4b --target=v5p-8 --out=docs/results/plan.jsonl
@@ -47,7 +49,11 @@ _CONFIG = common.define_config(
 _TARGET = flags.DEFINE_string(
   "target", "h100x8", f"One of {list(plan_lib.TARGETS)}, comma-separated, tpu or gpu."
 )
-_HEADROOM = flags.DEFINE_float("headroom", 0.25, "Share of device memory left free by the plan.")
+_HEADROOM = flags.DEFINE_float(
+  "headroom",
+  plan_lib.HEADROOM,
+  "Share of the memory JAX may use (on a GPU its allocator's pool, lm/memory.py) left free by the plan.",
+)
 _SAMPLE = flags.DEFINE_bool("sample", True, "DPA-GRPO: also compile the sampler's program (slow to compile).")
 _OUT = flags.DEFINE_string("out", "", "Append each (preset, target) result as a JSON line here.")
 _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markdown and exit.")
@@ -70,6 +76,17 @@ def missing_backend(platform: str) -> str | None:
     f"`bash scripts/plan_venvs.sh {venv}`, then run `.plan_venvs/{venv}/bin/python -m launch.plan ...` "
     "from the repository root"
   )
+
+
+def _commit() -> str:
+  """The code's commit, "+dirty" when the working tree differs from it ("" outside a git checkout)."""
+  import subprocess
+
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=common.ROOT, capture_output=True, text=True).stdout.strip()
+
+  head = git("rev-parse", "--short", "HEAD")
+  return head + ("+dirty" if head and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def main(argv):
@@ -98,6 +115,7 @@ def main(argv):
     target = plan_lib.TARGETS[name]
     result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
     result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
+    result["commit"] = _commit()
     print(plan_lib.summary(result))
     if _OUT.value:
       os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

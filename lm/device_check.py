@@ -1,27 +1,26 @@
-"""The device check: what a session lent a GPU (or a TPU VM) runs once, in under 10 minutes.
+"""The device check: what a session lent a GPU (or a TPU VM) runs once, in under 10 minutes, to find
+out whether the plan (docs/scale.md) is right about this device.
 
-`scripts/device_check.sh` runs it in two steps, so that the accelerator machine needs neither
-torch nor transformers nor a package registry:
+`scripts/device_check.sh` runs `launch.device_check`, which adds the papers' planned rows (their
+programs at the shapes docs/scale.md plans for this device, `dpa_grpo.device_check`) to this
+module's parts:
 
-  prepare (here, on CPU, where transformers is installed)
-      a tiny random Qwen3 checkpoint in Hugging Face layout (every norm and bias non-trivial) and
-      transformers' float32 logits of it on fixed tokens, into one folder that travels with the
-      working tree;
-  check (on the accelerator, with whatever newer jax is installed there)
-      parity   our forward of that checkpoint in float32 and in bfloat16 against transformers'
-               logits (the float32 run at `highest` matmul precision, so that TF32 is not
-               mistaken for a bug);
-      memory   the measured memory bandwidth (a jitted copy, best of 5);
-      decode   a reduced Qwen3-4B (its widths, vocabulary and heads, fewer layers, random bf16
-               weights): the sampler's decode tokens/s against the memory-bandwidth roofline
-               (weight bytes plus the KV bytes a step reads, over the measured bandwidth);
-      step     the same reduced model's DPA-GRPO `accumulate` (policy and reference forward,
-               backward; `dpa_grpo.plan.measure_step`): the plan's compiled memory and roofline
-               time against the measured step time and the device's peak memory.
+  parity   our forward of a tiny random Qwen3 checkpoint (committed: `lm/parity_inputs/`, from
+           `prepare`, where transformers is installed) in float32 and in bfloat16 against
+           transformers' float32 logits (the float32 run at `highest` matmul precision, so that TF32
+           is not mistaken for a bug);
+  memory   the measured memory bandwidth (a jitted copy, best of 5);
+  decode   a reduced Qwen3-4B (its widths, vocabulary and heads, fewer layers, random bf16
+           weights): the sampler's decode tokens/s against the memory-bandwidth roofline;
+  rows     each planned program compiled as the plan compiles it and run on random weights
+           (`measure`): its own peak memory and its time against the plan's (`judge`: memory within
+           10%, time within 2x of the roofline model, `Tolerances`).
 
 Every part writes its record to the output JSON even when another fails, and says where each
-figure comes from ("measured", "compile", "model"). `--cpu` runs the same code at toy sizes so
-CI exercises it; its numbers say nothing about an accelerator.
+figure comes from ("measured", "compile", "model"). The check passes only when every part ran,
+parity held and every planned row was judged and agreed. `--cpu` runs the same code at toy sizes so
+CI exercises it; its numbers say nothing about an accelerator (a CPU reports no memory in use, and
+its roofline figures are nominal, so its rows are measured but not judged).
 """
 
 from __future__ import annotations
@@ -32,13 +31,14 @@ import os
 import platform
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 PARITY_TOKENS = 24  # tokens per row of the parity batch
 PARITY_ROWS = 3
+PARITY_INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parity_inputs")  # committed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,8 +51,6 @@ class CheckConfig:
     prompt_len, new_tokens: prompt and generated tokens per row.
     bandwidth_bytes: size of the array the bandwidth measurement copies.
     tiny_widths: use the tiny test model's widths instead of Qwen3-4B's (the `--cpu` mode).
-    step_pairs, step_tokens: the step part's pairs a chunk (2 rows each) and completion tokens
-      (its rows are the plan's 2,048-token prompt plus these, bucketed).
   """
 
   layers: int
@@ -61,16 +59,12 @@ class CheckConfig:
   new_tokens: int
   bandwidth_bytes: int
   tiny_widths: bool
-  step_pairs: int
-  step_tokens: int
 
   @classmethod
   def for_mode(cls, cpu: bool) -> CheckConfig:
     if cpu:
-      return cls(layers=2, rows=2, prompt_len=16, new_tokens=16, bandwidth_bytes=1 << 24, tiny_widths=True,
-                 step_pairs=2, step_tokens=16)  # fmt: skip
-    return cls(layers=4, rows=8, prompt_len=512, new_tokens=256, bandwidth_bytes=1 << 30, tiny_widths=False,
-               step_pairs=8, step_tokens=512)  # fmt: skip
+      return cls(layers=2, rows=2, prompt_len=16, new_tokens=16, bandwidth_bytes=1 << 24, tiny_widths=True)
+    return cls(layers=4, rows=8, prompt_len=512, new_tokens=256, bandwidth_bytes=1 << 30, tiny_widths=False)
 
 
 def prepare(directory: str, seed: int = 0) -> str:
@@ -207,23 +201,108 @@ def _decode(cfg: CheckConfig, bandwidth: float) -> dict[str, Any]:
   }
 
 
-def _step(cfg: CheckConfig) -> dict[str, Any]:
-  """DPA-GRPO's `accumulate` (the shipped train step's gradient program) for the reduced model:
-  the plan's prediction against the measured run (`dpa_grpo.plan.measure_step`)."""
-  from configs import dpa_grpo as presets
-  from dpa_grpo import config as config_lib
-  from dpa_grpo import plan as dpa_plan
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tolerances:
+  """How close a measurement must come to the plan for the check to pass.
 
-  model = reduced_qwen3_4b(cfg)
-  c = presets.get_config("tiny" if cfg.tiny_widths else "qwen3_4b")
-  c.model.preset = "tiny_qwen3" if cfg.tiny_widths else "qwen3_4b"
-  c.model.overrides = {"num_layers": model.num_layers}
-  c.model.dtype = "float32" if cfg.tiny_widths else "bfloat16"
-  c.train.pairs_per_chunk = cfg.step_pairs
-  c.rollout.update(max_new_tokens=cfg.step_tokens, verdict_tokens=cfg.step_tokens)
-  c.mesh.update(data=1, fsdp=-1, tp=1)
-  length = 64 if cfg.tiny_widths else 0  # 0: the plan's rows (2,048-token prompt + completion)
-  return dpa_plan.measure_step(config_lib.ExperimentConfig.from_dict(c), length=length)
+  memory: |measured − predicted| / predicted of a program's own peak bytes (the compile's buffer
+    assignment is exact, so more than 10% off means the plan reads the wrong program or shapes).
+  time: measured seconds / the roofline model's within [1 / time, time] (the roofline is a lower
+    bound that a good program comes within 2x of; slower means the plan's times are not to be
+    believed on this device).
+  """
+
+  memory: float = 0.10
+  time: float = 2.0
+
+
+def _device_bytes(tree: Any, device: Any) -> int:
+  """Bytes of a tree's arrays that live on `device` (its shards there)."""
+  total = 0
+  import jax
+
+  for leaf in jax.tree.leaves(tree):
+    for shard in getattr(leaf, "addressable_shards", ()):
+      if shard.device == device:
+        total += shard.data.nbytes
+  return total
+
+
+def measure(
+  fn: Callable[..., Any],
+  make_args: Callable[[], tuple],
+  *,
+  trials: int = 3,
+  memory_stats: Callable[[], dict | None] | None = None,
+) -> dict[str, Any]:
+  """Runs a compiled program `trials` + 1 times (the first warms up) on fresh arguments
+  (`make_args()`, made outside the timing: a program may donate them) and measures, on the first
+  local device, its seconds (median) and its own peak memory: its arguments' bytes there plus
+  how far the device's peak bytes in use rose above what was in use before the first call.
+
+  The device's peak is the process's peak so far, which cannot be reset; the rise over the bytes
+  in use before the call is the program's own only when the call set a new peak. When it did not
+  (something earlier in the process peaked higher), the peak is reported as not observable (None),
+  never as the earlier figure. `memory_stats`: the device's `memory_stats` (a test passes its own).
+  """
+  import jax
+
+  device = jax.local_devices()[0]
+  stats = memory_stats or device.memory_stats
+  seconds, before, args_bytes = [], None, 0
+  for i in range(trials + 1):
+    args = make_args()
+    jax.block_until_ready(args)
+    if i == 0:
+      before, args_bytes = stats() or {}, _device_bytes(args, device)
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    seconds.append(time.perf_counter() - start)
+    del args
+  after = stats() or {}
+  out: dict[str, Any] = {
+    "seconds": float(np.median(seconds[1:])),
+    "seconds_all": seconds[1:],
+    "argument_bytes": args_bytes,
+    "source": "measured (seconds: median after a warm-up call; peak: arguments + the rise of the "
+    "device's peak bytes in use over the bytes in use before the first call)",
+  }
+  if "peak_bytes_in_use" not in after or "bytes_in_use" not in before:
+    out["peak_bytes"], out["peak_note"] = None, "this backend reports no memory in use"
+  elif after["peak_bytes_in_use"] <= before.get("peak_bytes_in_use", 0):
+    out["peak_bytes"] = None
+    out["peak_note"] = "not observable: the process had peaked higher before the program ran"
+  else:
+    out["peak_bytes"] = args_bytes + after["peak_bytes_in_use"] - before["bytes_in_use"]
+  return out
+
+
+def judge(
+  *,
+  predicted_bytes: float,
+  measured_bytes: float | None,
+  predicted_seconds: float | None,
+  measured_seconds: float,
+  tolerances: Tolerances = Tolerances(),
+  require: tuple[str, ...] = ("memory", "time"),
+) -> dict[str, Any]:
+  """Prediction against measurement, each within its tolerance. A quantity in `require` that could
+  not be compared (not measured; no published figures for a roofline) fails the check: a check
+  that cannot compare has not shown the plan right. Others are reported, not judged."""
+  out: dict[str, Any] = {"tolerances": dataclasses.asdict(tolerances)}
+  if measured_bytes is None or not predicted_bytes:
+    out["memory"] = {"ok": None, "why": "not measured"}
+  else:
+    err = abs(measured_bytes - predicted_bytes) / predicted_bytes
+    out["memory"] = {"ok": err <= tolerances.memory, "relative_error": err}
+  if predicted_seconds is None or not np.isfinite(predicted_seconds) or predicted_seconds <= 0:
+    out["time"] = {"ok": None, "why": "no roofline: no published figures for this device"}
+  else:
+    ratio = measured_seconds / predicted_seconds
+    out["time"] = {"ok": 1 / tolerances.time <= ratio <= tolerances.time, "measured_over_roofline": ratio}
+  judged = [out[q]["ok"] for q in ("memory", "time")]
+  out["ok"] = all(out[q]["ok"] is True for q in require) and False not in judged
+  return out
 
 
 def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -237,8 +316,12 @@ def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
   return result
 
 
-def check(inputs: str, out_path: str, *, cpu: bool) -> dict[str, Any]:
-  """Runs every part and writes the record to `out_path`; returns it."""
+PlannedRows = Callable[[bool], Mapping[str, Callable[[], dict[str, Any]]]]
+
+
+def check(inputs: str, out_path: str, *, cpu: bool, rows: PlannedRows | None = None) -> dict[str, Any]:
+  """Runs every part, and each planned row of `rows(cpu)` (name → a function returning its record,
+  with a `judgement` from `judge`), and writes the record to `out_path`; returns it."""
   import jax
 
   cfg = CheckConfig.for_mode(cpu)
@@ -256,22 +339,27 @@ def check(inputs: str, out_path: str, *, cpu: bool) -> dict[str, Any]:
   record["memory"] = bandwidth
   bw = bandwidth.get("bytes_per_s") or 1e9
   record["decode"] = _run_part("decode", lambda: _decode(cfg, bw))
-  record["step"] = _run_part("step", lambda: _step(cfg))
-  record["ok"] = all("error" not in record[p] for p in ("parity", "memory", "decode", "step")) and bool(
-    record["parity"].get("ok")
-  )
+  planned = dict(rows(cpu)) if rows else {}
+  record["rows"] = {name: _run_part(name, row) for name, row in planned.items()}
+  ran = all("error" not in record[p] for p in ("parity", "memory", "decode"))
+  ran = ran and all("error" not in r for r in record["rows"].values())
+  agreed = all(r.get("judgement", {}).get("ok") for r in record["rows"].values())
+  record["ok"] = bool(ran and record["parity"].get("ok") and agreed and (planned or cpu))
+  if not planned and not cpu:
+    record["why"] = "no planned row for this device: the plan was not checked"
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, "w") as f:
     json.dump(record, f, indent=1, default=str)
   return record
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, rows: PlannedRows | None = None) -> int:
+  """`prepare` (writes the parity inputs) or `check` (every part, and `rows`' planned rows)."""
   import argparse
 
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("step", choices=("prepare", "check"))
-  parser.add_argument("--inputs", default="device_check_inputs", help="folder of the prepared inputs")
+  parser.add_argument("--inputs", default=PARITY_INPUTS, help="folder of the parity inputs (committed)")
   parser.add_argument("--out", default="device_check.json", help="where `check` writes its record")
   parser.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (what CI runs)")
   args = parser.parse_args(argv)
@@ -279,10 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device check inputs written to {prepare(args.inputs)}")
     return 0
   if not os.path.exists(os.path.join(args.inputs, "parity_reference.npz")):
-    parser.error(
-      f"--inputs={args.inputs} has no parity_reference.npz: run `prepare` first (on a CPU machine)"
-    )
-  record = check(args.inputs, args.out, cpu=args.cpu)
+    parser.error(f"--inputs={args.inputs} has no parity_reference.npz: run `prepare` first (where torch is)")
+  record = check(args.inputs, args.out, cpu=args.cpu, rows=rows)
   print(f"device check {'passed' if record['ok'] else 'FAILED'}: {args.out}")
   return 0 if record["ok"] else 1
 

@@ -15,11 +15,10 @@ module in them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -29,11 +28,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from lm import memory
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 from lm.model import Qwen
 
 GiB = 2**30
+HEADROOM = 0.10  # the share of the memory JAX may use that a plan leaves free (`budget`)
 TARGET_DIR = os.path.join(os.path.dirname(__file__), "targets")
 
 
@@ -92,30 +93,67 @@ def cpu_target(devices: int, hbm_bytes: int) -> Target:
                 hbm_bandwidth=100e9, peak_flops=1e12)  # fmt: skip
 
 
-# Device kinds (`jax.Device.device_kind`, lower case) → the target whose published figures they have.
-_KINDS = (("h200", "h200x1"), ("h100", "h100x1"), ("v5p", "v5p-8"), ("v5 lite", "v5e-8"), ("v5e", "v5e-8"),
-          ("v6 lite", "v6e-8"), ("v6e", "v6e-8"))  # fmt: skip
+def pool_bytes(target: Target) -> int:
+  """Per device, the memory JAX may use on `target`: on a GPU its allocator's share of the card
+  (`lm.memory.gpu_fraction`: what the launchers set, or the user's `XLA_PYTHON_CLIENT_MEM_FRACTION`),
+  elsewhere the whole memory. A local target already reports its allocator's limit."""
+  if target.platform == "cuda":
+    return int(memory.gpu_fraction() * target.hbm_bytes)
+  return target.hbm_bytes
+
+
+def budget(target: Target, headroom: float = HEADROOM) -> int:
+  """Per device, the most a planned program's peak may be: `pool_bytes` less `headroom` of it, left
+  for what a compile does not see (allocator fragmentation, runtime workspaces)."""
+  return int((1 - headroom) * pool_bytes(target))
+
+
+# `jax.Device.device_kind` as the runtimes report it (exactly: an H100 PCIe or an H200 NVL has other
+# figures and no entry) → the chip family of `TARGETS`. A v5p reports "TPU v5", a v5e "TPU v5 lite".
+KINDS = {
+  "NVIDIA H200": "h200",
+  "NVIDIA H100 80GB HBM3": "h100",
+  "TPU v5": "v5p",
+  "TPU v5p": "v5p",
+  "TPU v5 lite": "v5e",
+  "TPU v5e": "v5e",
+  "TPU v6 lite": "v6e",
+  "TPU v6e": "v6e",
+}
+
+
+def kind_target(kind: str, devices: int) -> str:
+  """The `TARGETS` name of `devices` local devices of `kind` ("NVIDIA H200", 1 → "h200x1";
+  "TPU v5", 4 → "v5p-8": a v5p-N name counts TensorCores, two a chip), "" for an unknown kind. The
+  name may be one the table does not plan (`TARGETS` has no "h200x2")."""
+  family = KINDS.get(kind, "")
+  if not family:
+    return ""
+  if family.startswith("h"):
+    return f"{family}x{devices}"
+  return f"{family}-{2 * devices if family == 'v5p' else devices}"
 
 
 def local_target() -> Target:
   """This host's devices as a target (the device check measures there): per-device memory as the
-  device reports it (else the published figure), bandwidth and peak FLOP/s from the `TARGETS`
-  entry of its kind; CPU devices get `cpu_target`'s nominal figures."""
+  device reports it (on a GPU, JAX's allocator pool), bandwidth and peak FLOP/s from the `TARGETS`
+  entry of its kind (`KINDS`); CPU devices get `cpu_target`'s nominal figures."""
   devices = jax.local_devices()
   if devices[0].platform == "cpu":
     return cpu_target(len(devices), 16 * GiB)
-  kind = devices[0].device_kind.lower()
-  known = next((TARGETS[name] for key, name in _KINDS if key in kind), None)
+  kind = devices[0].device_kind
+  family = KINDS.get(kind, "")
+  known = next((t for name, t in TARGETS.items() if family and name.startswith(family)), None)
   stats = devices[0].memory_stats() or {}
   hbm = stats.get("bytes_limit") or (known.hbm_bytes if known else 0)
   return Target(
-    name=f"local {devices[0].device_kind} x{len(devices)}",
+    name=kind_target(kind, len(devices)) or f"local {kind} x{len(devices)}",
     platform="local",
     devices=len(devices),
     hbm_bytes=int(hbm),
     hbm_bandwidth=known.hbm_bandwidth if known else float("nan"),
     peak_flops=known.peak_flops if known else float("nan"),
-    note=f"figures of {known.name}" if known else "no published figures for this device kind",
+    note=f"figures of {known.name}" if known else f"no published figures for device kind {kind!r}",
   )
 
 
@@ -144,18 +182,6 @@ def target_mesh(devices: Sequence, mesh: sharding_lib.MeshConfig) -> Mesh:
   """The run's (data, fsdp, tp) mesh over the target's devices."""
   shape = mesh.shape(len(devices))
   return Mesh(np.asarray(devices, dtype=object).reshape(shape), sharding_lib.MESH_AXES)
-
-
-@contextlib.contextmanager
-def backend_of(platform: str) -> Iterator[None]:
-  """Programs that pick their form by `jax.default_backend()` (the sampler: one program on an
-  accelerator, two on CPU) build the target's form while the planning host runs on CPU."""
-  original = jax.default_backend
-  jax.default_backend = lambda: platform
-  try:
-    yield
-  finally:
-    jax.default_backend = original
 
 
 # ---- figures ----------------------------------------------------------------------------------
@@ -334,6 +360,24 @@ def abstract_rows(arrays: dict[str, np.ndarray], mesh: Mesh, shard: sharding_lib
 # ---- the sampler -------------------------------------------------------------------------------
 
 
+def sampler_platform(target: Target) -> str:
+  """Whose form of the sampler's program a target runs: its own; on CPU (a CPU target, tests; a
+  dry run on a CPU host) the accelerators' one-program form, so its figures are those of one
+  program as on the real targets (XLA:CPU runs the prefill as a program of its own)."""
+  platform = jax.default_backend() if target.platform == "local" else target.platform
+  return "cuda" if platform == "cpu" else platform
+
+
+def sampler_held(model: Qwen, mesh: Mesh, config: Any) -> tuple[int, int]:
+  """Per device, what one `lm.sampler.Sampler` of `model` keeps between calls beside the model's own
+  arrays: (its [D, V] head, the decode layout's copy of the weights where it differs; 0 if none). A
+  trainer holds these for every role's sampler through the train step (`ShapedSampler`)."""
+  from lm import sampler as sampler_lib
+
+  shaped = sampler_lib.shaped_programs(model, mesh, rows=1, prompt_len=1, new_tokens=1, config=config)
+  return shaped.head_bytes, shaped.copy_bytes
+
+
 def sampler_program(
   model: Qwen,
   mesh: Mesh,
@@ -343,74 +387,56 @@ def sampler_program(
   prompt_len: int,
   new_tokens: int,
   n: int,
-  step_bucket: int,
-  shard: sharding_lib.ShardingConfig,
+  config: Any,
   resident: int = 0,
 ) -> ProgramPlan:
-  """The sampler's prefill-and-decode program (`lm.sampler`, its accelerator form) for `rows`
-  prompts of `prompt_len` tokens, `n` samples each, `new_tokens` rounded up to `step_bucket`, with
-  the weights in the sampler's decode layout (`lm.sampler.sampling_split`: tensor parallel over the
-  mesh's model axes; `shard` then gives way to `lm.sharding.DECODE_SHARDING`)."""
+  """The sampler's prefill-and-decode program (`lm.sampler.shaped_programs`, the target's form)
+  for a chunk of `rows` decode rows (`rows // n` prompts of `prompt_len` tokens, `n` samples each,
+  `new_tokens` new tokens), as `lm.sampler.Sampler(model, mesh=mesh, config=config)` compiles it:
+  the weights in its decode layout, the shapes bucketed as its `generate` buckets them."""
   from lm import sampler as sampler_lib
 
-  steps = -(-new_tokens // step_bucket) * step_bucket
-  cfg = model.config
-  prompts = rows // n
-  if hasattr(sampler_lib, "sampling_split"):  # the sampler's own decode layout (tensor parallel)
-    shard = sharding_lib.DECODE_SHARDING
-    graphdef, state = sampler_lib.sampling_split(model, mesh, shard)
-    model = nnx.merge(graphdef, state)
-  else:
-    graphdef, state = nnx.split(model)
-  weight_vd = (model.embed_vd if cfg.tie_word_embeddings else model.lm_head_vd).get_value()
-  vocab_axis, model_axis = (tuple(weight_vd.sharding.spec) + (None, None))[:2]
-  head_spec = sharding_lib.fit_spec(P(model_axis, vocab_axis), weight_vd.shape[::-1], mesh)
-  head_dv = jax.ShapeDtypeStruct(
-    weight_vd.shape[::-1], weight_vd.dtype, sharding=NamedSharding(mesh, head_spec)
-  )
-  rows_of = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
-    shape, dtype, sharding=sharding_lib.batch_sharding(mesh, shape, shard)
-  )
-  replicated = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
-  inputs = dict(
-    tokens=rows_of((prompts, prompt_len), jnp.int32),
-    mask=rows_of((prompts, prompt_len), jnp.int32),
-    temperature=rows_of((prompts,), jnp.float32),
-    top_p=rows_of((prompts,), jnp.float32),
-    top_k=rows_of((prompts,), jnp.int32),
-    seed=rows_of((prompts,), jnp.uint32),
-    eos=replicated((2,), jnp.int32),
-    stop=replicated((4, 8), jnp.int32),
-    max_new=rows_of((prompts,), jnp.int32),
-  )
-  with backend_of(target.platform if target.platform != "cpu" else "cuda"):
-    fn = sampler_lib._generate_fn(
-      graphdef, n, steps, mesh, shard, model.dtype, (steps,), 0, cfg.num_heads > cfg.num_kv_heads
-    )
-  program = getattr(fn, "decode", fn)  # the accelerator form: one program, prefill then decode
-  args = (state, head_dv, None)
+  shaped = sampler_lib.shaped_programs(
+    model, mesh, rows=rows, prompt_len=prompt_len, new_tokens=new_tokens, n=n, config=config,
+    platform=sampler_platform(target),
+  )  # fmt: skip
+  (call,) = shaped.programs  # the accelerator form: one program, prefill then decode
+  cfg, steps, prompts = model.config, shaped.steps, shaped.prompts
+  decode_rows = prompts * n
   kv_per_row = (
-    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (prompt_len + steps) * model.dtype.itemsize
+    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (shaped.prompt_len + steps) * model.dtype.itemsize
   )
-  weights = tree_bytes(state)
+  weights = tree_bytes(shaped.weights)
   devices = mesh.devices.size
   # Model: the prefill's forward, then `steps` decode steps each reading this device's weights (as
   # sharded; a program that gathers them reads more: see the compile's bytes) and its rows' cache.
-  flops = (forward_flops(cfg, prompts, prompt_len) + 2 * param_count(cfg) * rows * steps) / devices
-  bytes_model = steps * (weights + kv_per_row * rows / devices)
-  kv = kv_per_row * rows / GiB
-  detail = f"{prompts} prompts x n={n}, prompt {prompt_len}, {steps} new tokens; KV {kv:.1f} GiB (all rows)"
+  flops = forward_flops(cfg, prompts, shaped.prompt_len) + 2 * param_count(cfg) * decode_rows * steps
+  flops /= devices
+  bytes_model = steps * (weights + kv_per_row * decode_rows / devices)
+  kv = kv_per_row * decode_rows / GiB
+  detail = (
+    f"{prompts} prompts x n={n} compiled ({rows} rows asked), prompt {shaped.prompt_len}, "
+    f"{steps} new tokens; KV {kv:.1f} GiB (all rows)"
+  )
+  model_axes = math.prod(mesh.shape[a] for a in ("fsdp", "tp") if a in mesh.shape)
+  replicated_kv = cfg.num_kv_heads % model_axes != 0
 
-  def gathered(compiled) -> str:  # weights all-gathered outside the decode loop: a whole copy each
-    if not hasattr(sampler_lib, "gathered_bytes"):
-      return ""
-    g = sampler_lib.gathered_bytes(compiled.as_text())
-    outside = g.get("outside", 0) / GiB
-    return f"weights {weights / GiB:.2f} GiB/device as sharded, all-gathered outside loops {outside:.2f} GiB"
+  def gathered(compiled) -> str:  # what the program all-gathers outside its loops (held through them)
+    outside = sampler_lib.gathered_bytes(compiled.as_text()).get("outside", 0) / GiB
+    note = (
+      f"; {cfg.num_kv_heads} KV heads do not divide the {model_axes} model-axis devices, so the KV "
+      "projections and the prompt cache are replicated and gathered"
+      if replicated_kv
+      else ""
+    )
+    return (
+      f"weights {weights / GiB:.2f} GiB/device as sharded; all-gather results outside loops "
+      f"{outside:.2f} GiB (weights or activations, summed, not all live at once){note}"
+    )
 
   return compile_program(
-    "sample", program, args, inputs, target, model=(flops, bytes_model), resident=resident, detail=detail,
-    describe=gathered,
+    "sample", call.fn, call.args, call.kwargs, target, model=(flops, bytes_model), resident=resident,
+    detail=detail, describe=gathered,
   )  # fmt: skip
 
 
@@ -432,8 +458,11 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
   compiler refused every candidate)."""
   record = dict(
     preset=preset, target=target.name, platform=target.platform, devices=target.devices,
-    hbm_gib=target.hbm_bytes / GiB, headroom=headroom, jax=jax.__version__,
+    hbm_gib=target.hbm_bytes / GiB, pool_gib=pool_bytes(target) / GiB,
+    budget_gib=budget(target, headroom) / GiB, headroom=headroom, jax=jax.__version__,
   )  # fmt: skip
+  if target.platform == "cuda":
+    record["mem_fraction"] = memory.gpu_fraction()
   try:
     choice = choose(config, target, headroom=headroom)
   except Exception as e:  # noqa: BLE001 -- a compiler's refusal is the plan's finding
@@ -445,12 +474,26 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
           "tried": tried}  # fmt: skip
 
 
+def record_budget(record: dict) -> float:
+  """GiB per device a record's programs had to fit in; records written before the plan knew the
+  GPU allocator's pool (no `budget_gib`) were planned against the whole memory."""
+  return record.get("budget_gib", (1 - record["headroom"]) * record["hbm_gib"])
+
+
+def _pool_words(record: dict) -> str:
+  if "mem_fraction" in record:
+    return f"{record['mem_fraction']:g} of the card, XLA_PYTHON_CLIENT_MEM_FRACTION"
+  return "the whole memory"
+
+
 def summary(record: dict) -> str:
   """A plan record as a few lines of text."""
   head = f"{record['preset']} on {record['target']} ({record['devices']} x {record['hbm_gib']:.1f} GiB)"
   if "error" in record:
     return f"{head}: no plan: {record['error']}"
-  lines = [f"{head}: {'fits' if record['fits'] else 'DOES NOT FIT'} with {record['headroom']:.0%} headroom"]
+  verdict = "fits" if record["fits"] else "DOES NOT FIT"
+  free = f"{record['headroom']:.0%} left free"
+  lines = [f"{head}: {verdict} in {record_budget(record):.1f} GiB ({_pool_words(record)}, {free})"]
   for p in record["programs"]:
     lines.append(
       f"  {p['name']:<10} peak {p['peak'] / GiB:7.2f} GiB (args {p['arguments'] / GiB:.2f}, temps "
@@ -490,8 +533,10 @@ def render(records: list[dict], *, date: str) -> str:
     "descriptions, GPU through XLA:GPU's deviceless compile against `lm/targets/*.textproto`.",
     "",
     "Columns, per device: **args / temps / peak** — XLA's memory analysis of the compiled program",
-    "(*compile*); peak = arguments + outputs − aliased + temporaries + resident, where *resident* (the",
-    "optimiser state beside `accumulate`, shapes × shardings) is a *model*. **FLOPs / bytes** — the",
+    "(*compile*); peak = arguments + outputs − aliased + temporaries + resident, where *resident* is",
+    "what the trainer keeps beside the program (a *model*, shapes × shardings): the optimiser state,",
+    "and every role's sampler copies (its [D, V] output head, the decode layout's weights where they",
+    "differ; records from before 2026-12-03's issue 48 leave these copies out). **FLOPs / bytes** — the",
     "compile's cost analysis where the compiler gives one (TPU, CPU: *c*), else counted (*m*: 2 FLOPs per",
     "matmul weight per token plus causal attention; `accumulate` = policy forward + backward +",
     "reference forward (+1 forward under full remat); decode reads the weights and the rows' KV cache",
@@ -499,14 +544,20 @@ def render(records: list[dict], *, date: str) -> str:
     "figures in `lm/plan.py` (always a *model*). XLA's cost analysis counts a while loop's body once",
     "(the scan over 36 layers, the decode loop), so a *c* figure under-counts looped programs by the",
     'trip count; the roofline always reads the counted model ("—": a record written before the plan',
-    "kept the model figures beside compile ones). **fit** — the program's peak ≤ 75% of the device's",
-    "memory (the plan's 25% headroom); the overrides are chosen so the training programs fit.",
+    "kept the model figures beside compile ones). **fit** — the program's peak within the record's",
+    "budget: the memory JAX may use less the plan's headroom (`lm.plan.budget`). On a GPU that memory",
+    "is the allocator's pool, `XLA_PYTHON_CLIENT_MEM_FRACTION` of the card (JAX's default 0.75; the",
+    "launchers set 0.90 unless you set it, `lm/memory.py`); on a TPU the whole HBM. Records without a",
+    "pool (before issue 48) were planned at 75% of the whole memory. A plan fits when every program does.",
     "",
     "Shapes are the presets' with stated assumptions (`dpa_grpo/plan.py`, `kace/plan.py`): prompts of",
     "2,048 tokens; DPA-GRPO's loss rows are prompt + its longest completion, bucketed as packing does,",
-    "for the verifier role; its sampler at 256 rows a call (the trainer's `max_rows`), n = 1; KACE's",
-    "solver at its preset's sampling budget and `max_rows`, n = 1. A target's devices: a v5p-N name",
-    "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips).",
+    "for the verifier role; its sampler at the config's `sampler.max_rows` rows a call (records before",
+    "issue 48: 256), n = 1; KACE's solver at its preset's sampling budget and `max_rows`, n = 1. The",
+    "notes give the prompt rows compiled (the sampler buckets them). A target's devices: a v5p-N name",
+    "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips). `--config=<file>:<preset>@<target>`",
+    "applies a target's fitting overrides (the `TARGETS` tables of configs/dpa_grpo.py and",
+    "configs/kace.py, checked against these records by tests/configs/targets_test.py).",
     "",
   ]
   for preset in dict.fromkeys(r["preset"] for r in records):
@@ -528,11 +579,11 @@ def render(records: list[dict], *, date: str) -> str:
         flags_by_target.append(f"- {r['target']}: none fits with this mesh (tried: {'; '.join(r['tried'])})")
         continue
       for p in r["programs"]:
-        share, fit = p["peak"] / GiB / r["hbm_gib"], 1 - r["headroom"]
+        share, fits = p["peak"] / GiB / r["hbm_gib"], p["peak"] / GiB <= record_budget(r)
         counted = "model_flops" in p or p["flops_source"] == "model"
         roofline = f"{p['seconds']:.3g}" if counted else "—"
         out.append(
-          f"| {r['target']} | {'yes' if share <= fit else 'no'} | {p['name']} | {p['arguments'] / GiB:.2f} | "
+          f"| {r['target']} | {'yes' if fits else 'no'} | {p['name']} | {p['arguments'] / GiB:.2f} | "
           f"{p['temporaries'] / GiB:.2f} | {p['peak'] / GiB:.2f} | {share:.0%} | "
           f"{p['flops']:.3g} ({p['flops_source'][0]}) | {p['bytes_accessed']:.3g} ({p['bytes_source'][0]}) | "
           f"{roofline} | {p['detail']} |"

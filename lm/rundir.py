@@ -160,6 +160,7 @@ SAFE_CONFIG_KEYS = (
   "*.timeout",
   "grader.workers",
   "testbed.workers",
+  "sampler.max_rows",  # rows a sampler call: per-row keys give every sample alike in any batch
   "plan.*",  # KACE: the dry run and its assumptions, and the endpoint check (results do not depend on them)
 )
 

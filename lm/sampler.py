@@ -267,45 +267,12 @@ class Sampler:
 
   def _prepare(self, prompts, params, n, eos_ids, stop_ids):
     """The programs for this chunk's shapes, their padded inputs on the mesh, and the prompt count."""
-    num = len(prompts)
-    batch_multiple = 1
-    if self.mesh is not None:  # rows split over the layout's batch axes
-      axes = self.sharding.tokens_bt[0]
-      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-      batch_multiple = math.prod(self.mesh.shape[a] for a in axes)
-    rows = round_up(pow2_bucket(num, self.config.min_rows), batch_multiple)
-    longest = max(len(p) for p in prompts)
-    if self.config.prompt_bucket_multiple > 0:
-      prompt_len = max(round_up(longest, self.config.prompt_bucket_multiple), self.config.min_prompt_bucket)
-    else:
-      prompt_len = pow2_bucket(longest, self.config.min_prompt_bucket)
-    steps = round_up(max(params["max_new_tokens"]), self.config.step_bucket)
-    tokens = np.full((rows, prompt_len), self.pad_id, np.int32)
-    mask = np.zeros((rows, prompt_len), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, prompt_len - len(p) :] = p
-      mask[i, prompt_len - len(p) :] = 1
-
-    def padded(values, fill, dtype):
-      return np.asarray(list(values) + [fill] * (rows - num), dtype)
-
-    # Stop tables come in bucketed shapes so a new stop set rarely recompiles.
-    stop_len = pow2_bucket(max([len(s) for s in stop_ids], default=1), 8)
-    stop_table = np.full((pow2_bucket(len(stop_ids), 4), stop_len), -1, np.int32)
-    for i, s in enumerate(stop_ids):
-      stop_table[i, stop_len - len(s) :] = s
-    inputs = dict(
-      tokens=tokens,
-      mask=mask,
-      temperature=padded(params["temperature"], 1.0, np.float32),
-      top_p=padded(params["top_p"], 1.0, np.float32),
-      top_k=padded(params["top_k"], 0, np.int32),
-      seed=padded(params["seed"], 0, np.uint32),
-      eos=np.asarray(list(eos_ids) or [-1], np.int32),
-      stop=stop_table,
-      max_new=padded(params["max_new_tokens"], 1, np.int32),
-    )
+    inputs = chunk_inputs(
+      prompts, params, eos_ids, stop_ids, pad_id=self.pad_id, config=self.config,
+      batch_multiple=_batch_multiple(self.mesh, self.sharding),
+    )  # fmt: skip
     inputs = self._place(inputs)
+    steps = round_up(max(params["max_new_tokens"]), self.config.step_bucket)
     fn = _generate_fn(
       self._graphdef,
       n,
@@ -318,7 +285,7 @@ class Sampler:
       self.model.config.num_heads > self.model.config.num_kv_heads,
       n > 1 and self._share_prefix(),
     )
-    return fn, inputs, num
+    return fn, inputs, len(prompts)
 
   def _share_prefix(self) -> bool:
     if self.config.share_prefix is not None:
@@ -360,13 +327,214 @@ class Sampler:
   def _place(self, inputs: dict[str, np.ndarray]) -> dict[str, Array]:
     if self.mesh is None:
       return {k: jnp.asarray(v) for k, v in inputs.items()}
-    placed = {}
-    for k, v in inputs.items():
-      if v.ndim and k not in ("eos", "stop"):
-        placed[k] = jax.device_put(v, sharding_lib.batch_sharding(self.mesh, v.shape, self.sharding))
-      else:
-        placed[k] = jax.device_put(v, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
-    return placed
+    return {
+      k: jax.device_put(v, _input_sharding(self.mesh, self.sharding, k, v.shape)) for k, v in inputs.items()
+    }
+
+
+def _batch_multiple(mesh, shard: sharding_lib.ShardingConfig) -> int:
+  """Prompt rows are a multiple of this: the devices of the layout's batch axes (1 without a mesh)."""
+  if mesh is None:
+    return 1
+  axes = shard.tokens_bt[0]
+  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def _input_sharding(mesh, shard: sharding_lib.ShardingConfig, name: str, shape) -> jax.sharding.Sharding:
+  """Where a chunk input lives on the mesh: rows split over the batch axes, the tables replicated."""
+  if len(shape) and name not in ("eos", "stop"):
+    return sharding_lib.batch_sharding(mesh, shape, shard)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def chunk_inputs(
+  prompts: Sequence[Sequence[int]],
+  params: dict[str, Sequence],
+  eos_ids: Sequence[int],
+  stop_ids: Sequence[Sequence[int]],
+  *,
+  pad_id: int,
+  config: SamplerConfig,
+  batch_multiple: int = 1,
+) -> dict[str, np.ndarray]:
+  """The host arrays one device call of `generate` takes for a chunk of prompts: prompts left-padded
+  to the length bucket, the rows to the row bucket (a multiple of `batch_multiple`), per-row
+  settings (`params`: lists of max_new_tokens, temperature, top_p, top_k, seed), EOS and stop
+  tables in bucketed shapes. `generate` and `shaped_programs` both build their inputs here, so a
+  plan compiles the shapes a run compiles."""
+  num = len(prompts)
+  rows = round_up(pow2_bucket(num, config.min_rows), batch_multiple)
+  longest = max(len(p) for p in prompts)
+  if config.prompt_bucket_multiple > 0:
+    prompt_len = max(round_up(longest, config.prompt_bucket_multiple), config.min_prompt_bucket)
+  else:
+    prompt_len = pow2_bucket(longest, config.min_prompt_bucket)
+  tokens = np.full((rows, prompt_len), pad_id, np.int32)
+  mask = np.zeros((rows, prompt_len), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, prompt_len - len(p) :] = p
+    mask[i, prompt_len - len(p) :] = 1
+
+  def padded(values, fill, dtype):
+    return np.asarray(list(values) + [fill] * (rows - num), dtype)
+
+  # Stop tables come in bucketed shapes so a new stop set rarely recompiles.
+  stop_len = pow2_bucket(max([len(s) for s in stop_ids], default=1), 8)
+  stop_table = np.full((pow2_bucket(len(stop_ids), 4), stop_len), -1, np.int32)
+  for i, s in enumerate(stop_ids):
+    stop_table[i, stop_len - len(s) :] = s
+  return dict(
+    tokens=tokens,
+    mask=mask,
+    temperature=padded(params["temperature"], 1.0, np.float32),
+    top_p=padded(params["top_p"], 1.0, np.float32),
+    top_k=padded(params["top_k"], 0, np.int32),
+    seed=padded(params["seed"], 0, np.uint32),
+    eos=np.asarray(list(eos_ids) or [-1], np.int32),
+    stop=stop_table,
+    max_new=padded(params["max_new_tokens"], 1, np.int32),
+  )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShapedCall:
+  """One jitted program of the sampler and abstract arguments for it: `fn.lower(*args, **kwargs)`
+  compiles what `Sampler.generate` runs (`shaped_programs`)."""
+
+  name: str
+  fn: Any
+  args: tuple
+  kwargs: dict
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShapedSampler:
+  """The sampler's programs for one chunk shape, on abstract weights (`shaped_programs`).
+
+  programs: "sample" (prefill and decode, one program: accelerators and every mesh), or on CPU
+    without a mesh "prefill" and "decode".
+  prompts, prompt_len, steps: the compiled shapes — prompt rows after bucketing (each decoding
+    `n` samples), the padded prompt length and the step bucket.
+  weights: the weights as the program reads them (`sampling_split`'s layout on a mesh).
+  head_bytes, copy_bytes: per device, what a `Sampler` keeps beside the model's own arrays between
+    calls: the output head as its own [D, V] buffer (`Sampler.refresh`), and the weights again
+    wherever the decode layout differs from the model's (the copy `sampling_split` makes).
+  """
+
+  programs: list[ShapedCall]
+  prompts: int
+  prompt_len: int
+  steps: int
+  weights: Any
+  head_bytes: int
+  copy_bytes: int
+
+  @property
+  def held_bytes(self) -> int:
+    return self.head_bytes + self.copy_bytes
+
+
+def shaped_programs(
+  model: Qwen,
+  mesh: jax.sharding.Mesh | None,
+  *,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+  n: int = 1,
+  config: SamplerConfig = SamplerConfig(),
+  sharding: sharding_lib.ShardingConfig | None = None,
+  platform: str = "",
+) -> ShapedSampler:
+  """The programs `Sampler(model, mesh=mesh, config=config).generate` compiles for a chunk of
+  `rows` decode rows (`rows // n` prompts of `prompt_len` tokens, `n` samples each, `new_tokens`
+  new tokens), with abstract inputs: the public compile entry a plan or a device check asks for
+  instead of rebuilding the sampler's inputs (as maxtext's `train_compile.get_shaped_inputs`).
+
+  `model`'s parameters may be `jax.ShapeDtypeStruct`s carrying shardings (`lm.plan.abstract_model`)
+  or real arrays; nothing is computed. `platform` ("cuda", "tpu", "cpu"; "" this host's backend)
+  picks the program's form, so a CPU host can plan an accelerator's program.
+  """
+  sharding = sharding or sharding_lib.DECODE_SHARDING
+  platform = platform or jax.default_backend()
+  cpu = platform == "cpu"
+  graphdef, own = nnx.split(model)
+  own = jax.tree.map(_shaped, own)  # real arrays become their shapes: nothing is copied
+  model = nnx.merge(graphdef, own)
+  graphdef, state = nnx.split(model) if mesh is None else sampling_split(model, mesh, sharding)
+  weight_vd = (model.embed_vd if model.config.tie_word_embeddings else model.lm_head_vd).get_value()
+  head_dv = _head_like(weight_vd, mesh)
+  prompts = max(1, rows // n)
+  settings = dict(max_new_tokens=[new_tokens] * prompts, temperature=[1.0] * prompts, top_p=[1.0] * prompts)
+  settings |= dict(top_k=[0] * prompts, seed=[0] * prompts)
+  eos = list(model.config.eos_token_ids or ())
+  host = chunk_inputs(
+    [[1] * prompt_len] * prompts, settings, eos, [], pad_id=model.config.pad_token_id or 0, config=config,
+    batch_multiple=_batch_multiple(mesh, sharding),
+  )  # fmt: skip
+  inputs = {
+    k: jax.ShapeDtypeStruct(
+      v.shape, v.dtype, sharding=None if mesh is None else _input_sharding(mesh, sharding, k, v.shape)
+    )
+    for k, v in host.items()
+  }
+  steps = round_up(new_tokens, config.step_bucket)
+  share = n > 1 and (
+    config.share_prefix if config.share_prefix is not None else (mesh is not None or not cpu)
+  )
+  fn = _generate_fn(
+    graphdef, n, steps, mesh, sharding, config.cache_dtype or model.dtype,
+    _phase_ends(steps, config.decode_phases, config.decode_phase_min_steps), 0,
+    model.config.num_heads > model.config.num_kv_heads, share, platform,
+  )  # fmt: skip
+  args = (state, head_dv, None)
+  if fn.prefill is None:
+    programs = [ShapedCall(name="sample", fn=fn.decode, args=args, kwargs=inputs)]
+  else:
+    tokens, mask = inputs.pop("tokens"), inputs.pop("mask")
+    cache, last_logits = jax.eval_shape(fn.prefill, *args, tokens, mask)
+    programs = [
+      ShapedCall(name="prefill", fn=fn.prefill, args=(*args, tokens, mask), kwargs={}),
+      ShapedCall(name="decode", fn=fn.decode, args=(*args, cache, last_logits, tokens, mask), kwargs=inputs),
+    ]
+  copied = 0
+  if mesh is not None:  # the decode layout's copy, where it differs from the model's own
+    for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(state), strict=True):
+      src = getattr(a, "sharding", None)
+      if src is None or not src.is_equivalent_to(b.sharding, len(b.shape)):
+        copied += _bytes(b)
+  return ShapedSampler(
+    programs=programs, prompts=host["tokens"].shape[0], prompt_len=host["tokens"].shape[1], steps=steps,
+    weights=state, head_bytes=_bytes(head_dv), copy_bytes=copied,
+  )  # fmt: skip
+
+
+def _shaped(x) -> jax.ShapeDtypeStruct:
+  """An array's (or an abstract array's) shape, dtype and sharding."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return x
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+
+def _head_like(weight_vd, mesh) -> jax.ShapeDtypeStruct:
+  """The [D, V] head buffer `Sampler.refresh` makes (`_transpose` of the [V, D] weight), abstract:
+  on a mesh the weight's spec transposed, fitted to the mesh."""
+  shape = tuple(weight_vd.shape[::-1])
+  if mesh is None:
+    return jax.ShapeDtypeStruct(shape, weight_vd.dtype)
+  spec = tuple(weight_vd.sharding.spec) if getattr(weight_vd, "sharding", None) is not None else ()
+  vocab_axis, model_axis = (spec + (None, None))[:2]
+  head_spec = sharding_lib.fit_spec(jax.sharding.PartitionSpec(model_axis, vocab_axis), shape, mesh)
+  return jax.ShapeDtypeStruct(shape, weight_vd.dtype, sharding=jax.sharding.NamedSharding(mesh, head_spec))
+
+
+def _bytes(x) -> int:
+  """Bytes per device of one (abstract or real) array: its shard."""
+  shape = x.shape
+  if getattr(x, "sharding", None) is not None:
+    shape = x.sharding.shard_shape(shape)
+  return math.prod(shape) * jnp.dtype(x.dtype).itemsize
 
 
 def sampling_split(
@@ -596,6 +764,7 @@ def _generate_fn(
   gemm_threads: int,
   grouped: bool,
   share_prefix: bool = False,
+  platform: str = "",
 ):
   """The jitted prefill and decode loop for one (graph, n, step bucket) — shapes set the rest.
 
@@ -618,9 +787,11 @@ def _generate_fn(
   The decode is three pure parts, `begin` (the first token, from the prefill's logits), `advance`
   (loop steps of one phase) and `finish` (lengths, stop sequences cut): `decode` runs them as one
   program; a streamed call runs them as programs of their own (`_Programs.streamed`), `advance`
-  a chunk of steps at a time with the loop state carried, donated, between calls.
+  a chunk of steps at a time with the loop state carried, donated, between calls. `platform` (""
+  this host's backend): whose form to build (`shaped_programs` plans an accelerator's program on a
+  CPU host).
   """
-  cpu = jax.default_backend() == "cpu"
+  cpu = (platform or jax.default_backend()) == "cpu"
   ends = phase_ends if cpu and mesh is None else (steps,)
   matmul = _matmul(gemm_threads)
   weights_of = functools.partial(_weights_of, graphdef)

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The device check (lm/device_check.py): parity in bf16, memory bandwidth, decode against its
-# roofline, the reduced Qwen3-4B DPA-GRPO step (accumulate) compiled as the plan compiles it,
-# its predicted memory and time beside the measured. Three ways to call it:
-#   bash scripts/device_check.sh --cpu      # here and in CI: prepare, then check at toy sizes
-#   bash scripts/device_check.sh --prepare  # here, before a device session: writes device_check_inputs/
-#                                           # (parity checkpoint + reference, wheels of the pure
-#                                           # dependencies), which the device run carries along
-#   bash scripts/device_check.sh            # on the accelerator machine (no registry, its own newer
-#                                           # jax): installs what is missing from the wheels, checks
-# The record goes to ${OUT:-.}/device_check.json; the exit status is 0 only when every part ran and
-# parity held. Bounded to 9 minutes on the device.
+# The device check (launch/device_check.py, lm/device_check.py): parity in bf16 (inputs committed
+# under lm/parity_inputs/), memory bandwidth, decode against its roofline, and docs/scale.md's row
+# for this device (the 4B DPA-GRPO accumulate at its planned micro-batch, random weights,
+# dpa_grpo/device_check.py) judged against the plan: memory within 10%, time within 2x of the
+# roofline. Three ways to call it:
+#   bash scripts/device_check.sh --cpu      # here and in CI: toy sizes (measured, not judged)
+#   bash scripts/device_check.sh --prepare  # here, before a device session: wheels of the pure
+#                                           # dependencies into device_check_inputs/wheels (ignored
+#                                           # by git: carry it), for a machine without a registry
+#   bash scripts/device_check.sh            # on the accelerator machine (its own newer jax): installs
+#                                           # what is missing from the wheels, then checks
+# The record goes to ${OUT:-.}/device_check.json; the exit status is 0 only when every part ran,
+# parity held and the planned row agreed with the plan. Bounded to 9 minutes on the device.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 inputs="${DEVICE_CHECK_INPUTS:-device_check_inputs}"
@@ -24,13 +26,10 @@ binary=(msgpack pyyaml safetensors)
 case "$mode" in
   --cpu)
     . scripts/setup_env.sh
-    tmp="$(mktemp -d)"
-    python -m lm.device_check prepare --inputs="$tmp"
-    python -m lm.device_check check --cpu --inputs="$tmp" --out="${OUT:-$tmp}/device_check.json"
+    python -m launch.device_check check --cpu --out="${OUT:-$(mktemp -d)}/device_check.json"
     ;;
   --prepare)
     . scripts/setup_env.sh
-    python -m lm.device_check prepare --inputs="$inputs"
     wheels="$inputs/wheels"
     mkdir -p "$wheels"
     pip download -q --no-deps -d "$wheels" "${pure[@]}"
@@ -53,7 +52,7 @@ case "$mode" in
         "${pure[@]}" "${binary[@]}"
       export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
-    timeout 540 "$py" -m lm.device_check check --inputs="$inputs" --out="$out"
+    timeout 540 "$py" -m launch.device_check check --out="$out"
     ;;
   *)
     echo "usage: bash scripts/device_check.sh [--cpu | --prepare]" >&2

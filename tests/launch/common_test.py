@@ -172,3 +172,19 @@ def test_an_entry_point_runs_from_the_root_directory(tmp_path):
   done = _run([str(script), "--config.trian.steps=1", f"--workdir={tmp_path / 'run'}"], cwd="/")
   assert done.returncode == 2 and "did you mean train.steps?" in done.stderr, done.stderr[-2000:]
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_dry_run_prints_the_plan_for_this_host_and_writes_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  env = {k: v for k, v in ENV.items() if k != "XLA_PYTHON_CLIENT_MEM_FRACTION"}
+  proc = subprocess.run(
+    [sys.executable, "-m", "launch.dpa_grpo", "--config=configs/dpa_grpo.py:tiny", f"--workdir={workdir}",
+     "--dry_run"],
+    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for program in ("accumulate", "apply", "sample"):
+    assert f"  {program} " in proc.stdout, proc.stdout
+  assert "fits in" in proc.stdout and os.listdir(tmp_path) == []  # no run directory, nothing else

@@ -89,16 +89,20 @@ def test_remat_names_are_checked_where_the_config_is_built():
 
 @pytest.mark.slow
 def test_plan_compiles_the_tiny_preset_and_its_overrides_fit_and_parse_back():
-  budget = 64 * 2**20  # per device: what the chosen setting must fit in with 25% headroom
+  memory = 64 * 2**20  # per device: what the chosen setting must fit in with 25% headroom
   config = dpa_configs.get_config("tiny").to_dict()
-  target = plan_lib.cpu_target(8, budget)
-  choice = dpa_plan.choose(config, target, headroom=0.25, length=64, sample_rows=8, prompt_tokens=16)
+  config["sampler"]["max_rows"] = 8
+  target = plan_lib.cpu_target(8, memory)
+  choice = dpa_plan.choose(config, target, headroom=0.25, length=64, prompt_tokens=16)
   names = [p.name for p in choice.programs]
   assert names == ["accumulate", "apply", "sample"]
   for p in choice.programs:
     assert p.arguments > 0 and p.temporaries >= 0 and p.flops > 0 and p.seconds > 0, p
-  assert choice.fits
-  assert max(p.peak for p in choice.programs[:2]) <= 0.75 * budget
+  assert choice.fits and choice.overrides["sampler.max_rows"] == 8
+  assert max(p.peak for p in choice.programs) <= 0.75 * memory == plan_lib.budget(target, 0.25)
+  # Every role's sampler keeps its own [D, V] head through the train step: in accumulate's peak.
+  vocab, hidden = dpa_configs.get_config("tiny").model.tokenizer_vocab, 32
+  assert choice.programs[0].resident >= 2 * vocab * hidden * 4 // 8
   record = plan_lib.run_plan(lambda c, t, headroom: choice, "configs/dpa_grpo.py:tiny", config, target, 0.25)
   assert "accumulate" in plan_lib.summary(record) and "| cpu-8 | yes | accumulate |" in plan_lib.render(
     [record], date="today"
@@ -111,6 +115,34 @@ def test_plan_compiles_the_tiny_preset_and_its_overrides_fit_and_parse_back():
   parsed = config_lib.ExperimentConfig.from_dict(holder.config.to_dict())
   assert parsed.loss.remat == choice.overrides["loss.remat"]
   assert parsed.train.pairs_per_chunk == choice.overrides["train.pairs_per_chunk"]
+  assert parsed.sampler.max_rows == 8
+
+
+def _program(name: str, peak: int) -> plan_lib.ProgramPlan:
+  return plan_lib.ProgramPlan(
+    name=name, arguments=peak, outputs=0, aliased=0, temporaries=0, resident=0, flops=1.0,
+    flops_source="model", bytes_accessed=1.0, bytes_source="model", seconds=1.0,
+  )  # fmt: skip
+
+
+def test_choose_halves_the_sampler_rows_until_they_fit_and_fits_covers_the_sampler(monkeypatch):
+  """The search over `sampler.max_rows` (a stand-in for the compiles: each program's peak given)."""
+  sampler_peak = {256: 300, 128: 150, 64: 90, 32: 45}
+
+  def programs(exp, target, *, train=True, sample=True, **_):
+    if train:
+      return [_program("accumulate", 40), _program("apply", 10)]
+    return [_program("sample", sampler_peak.get(exp.sampler.max_rows, 500))]
+
+  monkeypatch.setattr(dpa_plan, "programs", programs)
+  config = dpa_configs.get_config("tiny").to_dict()
+  target = plan_lib.cpu_target(1, 100)
+  choice = dpa_plan.choose(config, target, headroom=0.5)  # a budget of 50 bytes
+  assert choice.fits and choice.overrides["sampler.max_rows"] == 32
+  assert [t.split(":")[0] for t in choice.tried] == [f"sampler at {r} rows" for r in (256, 128, 64)]
+  sampler_peak.clear()  # no row count fits: the plan does not fit, though its training programs do
+  choice = dpa_plan.choose(config, target, headroom=0.5)
+  assert not choice.fits and choice.overrides["sampler.max_rows"] == 1
 
 
 def test_qwen3_4b_presets_ship_the_plans_remat():

@@ -1,0 +1,153 @@
+"""DPA-GRPO's planned row for the device check (`lm.device_check`, run by `launch.device_check`).
+
+The row is docs/scale.md's for this device: the train step's `accumulate` of the 4B preset with
+the overrides planned for it (`configs/dpa_grpo.py:qwen3_4b@<target>`, e.g. h200x1: 16 pairs a
+chunk, 32 rows of 4,096 tokens, remat full), compiled from the plan's own abstract inputs
+(`dpa_grpo.plan.shaped_step`) and run on random bf16 weights. The prediction it is judged against
+is the plan's record of that row (docs/results/plan.jsonl, a deviceless compile) where there is
+one, else this device's own compile of the same program; the roofline time is the plan's model.
+Memory compares the program's own peak (arguments + outputs − aliased + temporaries): the check
+holds no optimiser state or samplers beside it, so the plan's `resident` is left out.
+
+`--cpu` runs the tiny preset's step at 64-token rows instead: measured, not judged (the CPU
+reports no memory in use and has no published figures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from configs import dpa_grpo as presets
+from dpa_grpo import config as config_lib
+from dpa_grpo import plan as dpa_plan
+from dpa_grpo import step
+from lm import device_check
+from lm import plan as plan_lib
+
+PRESET = "qwen3_4b"
+RECORDS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs/results/plan.jsonl")
+
+
+def recorded_peak(target: str, pairs: int, remat: str, path: str = RECORDS) -> float | None:
+  """The plan's figure for `accumulate`'s own peak (bytes, resident left out) at (`pairs`,
+  `remat`) on `target`: the newest record's chosen program, or a candidate it tried (its peak is
+  written to 0.1 GiB there); None when the plan never compiled that row."""
+  if not os.path.exists(path):
+    return None
+  record = None
+  with open(path) as f:
+    for line in f:
+      r = json.loads(line) if line.strip() else {}
+      if r.get("preset") == f"configs/dpa_grpo.py:{PRESET}" and r.get("target") == target:
+        record = r
+  if record is None or not record.get("programs"):
+    return None
+  chosen = next(p for p in record["programs"] if p["name"] == "accumulate")
+  if (
+    record["overrides"].get("train.pairs_per_chunk") == pairs
+    and record["overrides"].get("loss.remat") == remat
+  ):
+    return float(chosen["peak"] - chosen["resident"])
+  for tried in record.get("tried", ()):
+    found = re.match(rf"remat {remat}, {pairs} pairs: peak ([\d.]+) GiB", tried)
+    if found:
+      return float(found.group(1)) * plan_lib.GiB - chosen["resident"]  # same optimiser state
+  return None
+
+
+def _random_like(abstract: Any, seed: int) -> Any:
+  """Arrays of `abstract`'s shapes, dtypes and shardings: normal(0, 0.02) for floats, made on the
+  devices (one leaf at a time), so no host holds 8 GB of weights."""
+  leaves, treedef = jax.tree.flatten(abstract)
+  out = []
+  for i, x in enumerate(leaves):
+    if x is None:
+      out.append(None)
+      continue
+    make = jax.jit(
+      lambda key, x=x: (
+        (0.02 * jax.random.normal(key, x.shape, jnp.float32)).astype(x.dtype)
+        if jnp.issubdtype(x.dtype, jnp.floating)
+        else jnp.zeros(x.shape, x.dtype)
+      ),
+      out_shardings=x.sharding,
+    )
+    out.append(make(jax.random.key(seed + i)))
+  return jax.tree.unflatten(treedef, out)
+
+
+def accumulate_row(
+  *,
+  cpu: bool,
+  tolerances: device_check.Tolerances | None = None,
+  memory_stats=None,
+  trials: int = 3,
+) -> dict[str, Any]:
+  """The planned `accumulate` on this host's devices: predicted (the plan's record, this device's
+  compile, the roofline model) beside measured (`lm.device_check.measure`), and the judgement.
+  `memory_stats`: the device's, unless a test gives its own."""
+  target = plan_lib.local_target()
+  if cpu:
+    c = presets.get_config("tiny")
+    c.model.preset = "tiny_qwen3"
+    c.train.pairs_per_chunk = 2
+    length, name = 64, "tiny"
+  else:
+    if target.name not in presets.TARGETS[PRESET]:
+      raise ValueError(
+        f"no docs/scale.md row plans {target.name!r} (device {jax.devices()[0].device_kind!r})"
+      )
+    c, length, name = presets.get_config(f"{PRESET}@{target.name}"), 0, f"{PRESET}@{target.name}"
+  exp = config_lib.ExperimentConfig.from_dict(c.to_dict())
+  su = dpa_plan.shaped_step(exp, target, length)
+  compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
+  here = plan_lib.figures("accumulate", compiled, target, model=su.model, detail=su.detail)
+  own = here.arguments + here.outputs - here.aliased + here.temporaries
+  recorded = None if cpu else recorded_peak(target.name, exp.train.pairs_per_chunk, exp.loss.remat)
+  grads, trainable, frozen, batch, key = su.accumulate_args
+  trainable, frozen = _random_like(trainable, 1), _random_like(frozen, 1000)
+  batch = {k: jax.device_put(v, batch[k].sharding) for k, v in su.chunk.items()}
+  key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
+
+  def make_args():  # fresh gradients each call: accumulate donates them
+    return (jax.tree.map(jnp.zeros_like, trainable), trainable, frozen, batch, key)
+
+  measured = device_check.measure(compiled, make_args, trials=trials, memory_stats=memory_stats)
+  predicted = recorded if recorded is not None else own
+  judgement = device_check.judge(
+    predicted_bytes=predicted,
+    measured_bytes=measured["peak_bytes"],
+    predicted_seconds=None if cpu else here.seconds,  # a CPU has no published figures
+    measured_seconds=measured["seconds"],
+    tolerances=tolerances or device_check.Tolerances(),
+    require=() if cpu and memory_stats is None else ("memory",) if cpu else ("memory", "time"),
+  )
+  return {
+    "row": f"configs/dpa_grpo.py:{name} accumulate on {target.name}",
+    "program": su.detail,
+    "target": dataclasses.asdict(target),
+    "predicted": {
+      "peak_bytes": predicted,
+      "source": "plan record (docs/results/plan.jsonl, deviceless compile)" if recorded is not None else
+      "compile (this device's memory analysis)",
+      "this_compile_peak_bytes": own,
+      "this_compile_temporaries_bytes": here.temporaries,
+      "roofline_seconds": here.seconds,
+      "roofline_source": "model (counted FLOPs and bytes over the device's published peak)",
+    },
+    "measured": measured,
+    "judgement": judgement,
+  }  # fmt: skip
+
+
+def rows(cpu: bool) -> dict[str, Callable[[], dict[str, Any]]]:
+  """The planned rows `launch.device_check` adds to the check."""
+  return {"dpa_grpo accumulate": lambda: accumulate_row(cpu=cpu)}
