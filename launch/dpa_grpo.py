@@ -30,6 +30,8 @@ common.define_workdir()
 def typed_config(config) -> ExperimentConfig:
   """The typed config of this launcher (lm-sweep checks every point with it)."""
   return ExperimentConfig.from_dict(config.to_dict())
+
+
 _DRY_RUN = flags.DEFINE_bool(
   "dry_run",
   False,

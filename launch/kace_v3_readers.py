@@ -9,6 +9,7 @@ from launch import common
 
 common.define_workdir(config_change=False)  # no config to change: the registered design is code
 
+
 def main(_):
   with common.work(f"testbed v3 scripted readers into {common.WORKDIR.value}"):
     v3_verdicts.run(common.WORKDIR.value)
