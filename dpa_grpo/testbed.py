@@ -35,6 +35,7 @@ from dpa_grpo.testbed_arms import (  # noqa: F401  (re-exported: callers read th
   ARMS,
   GATE_DRAFT,
   GATE_FIX,
+  GATE_NAMES,
   GATE_SAC_GAP,
   GATE_V2_KEEP_FIXABLE,
   GATE_V2_MIN_FIXABLE,
@@ -46,7 +47,10 @@ from dpa_grpo.testbed_arms import (  # noqa: F401  (re-exported: callers read th
   arm_config,
   default_arms,
   format_gates,
+  gate_failures,
   is_v2,
+  judge_gates,
+  judged,
   run_dir,
 )
 from lm import progress, rundir
@@ -166,43 +170,20 @@ def v2_gate_measures(records: Sequence[dict[str, Any]], greedy: Sequence[dict[st
   }
 
 
-def judge_gates(m: dict[str, Any]) -> list[str]:
-  """The failed gates of `gate_measures` output, each as a sentence (empty: all pass)."""
-  failed = []
-  inside = lambda v, bounds: bounds[0] <= v <= bounds[1]
-  for line, r in m["x_right"].items():
-    if not inside(r["rate"], GATE_DRAFT):
-      failed.append(f"P(x right) of line {line} is {r['rate']:.3f}, outside {GATE_DRAFT}")
-  gap = m["sac_on_wrong"]["rate"] - m["sac_on_right"]["rate"]
-  if not inside(gap, GATE_SAC_GAP):
-    failed.append(
-      f"SAC rate on wrong drafts {m['sac_on_wrong']['rate']:.3f} minus on right drafts "
-      f"{m['sac_on_right']['rate']:.3f} = {gap:.3f}, outside {GATE_SAC_GAP}"
-    )
-  fix = m["z_right_given_x_wrong"]["rate"]
-  if not inside(fix, GATE_FIX):  # nan (no SAC'd wrong draft) fails too
-    failed.append(f"P(z right | x wrong) is {fix:.3f}, outside {GATE_FIX}")
-  if "v2" in m:
-    pool, keep = m["v2"]["wrong_revision_on_pool"], m["v2"]["greedy_keep_fixable"]
-    if not pool["rate"] >= GATE_V2_ON_POOL:  # nan fails
-      failed.append(f"wrong revisions on the answer pool {pool['rate']:.3f}, below {GATE_V2_ON_POOL}")
-    if keep["n"] < GATE_V2_MIN_FIXABLE:
-      failed.append(
-        f"{keep['n']} greedy SAC'd wrong drafts with a right revision, fewer than {GATE_V2_MIN_FIXABLE}"
-      )
-    elif not inside(keep["rate"], GATE_V2_KEEP_FIXABLE):
-      failed.append(
-        f"greedy KEEP rate on SAC'd wrong drafts with a right revision {keep['rate']:.3f}, "
-        f"outside {GATE_V2_KEEP_FIXABLE}"
-      )
-  return failed
-
-
-def gates(config: config_lib.ExperimentConfig, checkpoint: str, workdir: str) -> dict[str, Any]:
+def gates(
+  config: config_lib.ExperimentConfig, checkpoint: str, workdir: str, waive: Sequence[str] = ()
+) -> dict[str, Any]:
   """Plays the validation draw once at step 0 with the warm-started roles (the training
   temperature, exploration on, as a training step plays) and writes gates.json; raises GateError
   when a gate fails. Testbed v2 (`is_v2`) also plays the draw greedily (evaluation) for its
-  decision gate (gates/greedy_records.jsonl). Done once: a second call reads gates.json."""
+  decision gate (gates/greedy_records.jsonl). Done once: a second call reads gates.json.
+
+  `waive`: gate names (`GATE_NAMES`) whose failure does not stop the run, for a dated protocol
+  amendment whose judged rows do not depend on them (docs/dpa_grpo.md); a waived failure is kept
+  in the result ("waived") and printed in the gates and the report, never dropped."""
+  unknown = sorted(set(waive) - set(GATE_NAMES))
+  if unknown:
+    raise ValueError(f"waive_gates: unknown gate(s) {unknown}; gates are {list(GATE_NAMES)}")
   path = os.path.join(workdir, "gates.json")
   if os.path.exists(path):
     result = rundir.read_json(path)
@@ -231,6 +212,7 @@ def gates(config: config_lib.ExperimentConfig, checkpoint: str, workdir: str) ->
       measures["v2"] = v2_gate_measures(records, greedy)
     result = {"measures": measures, "failed": judge_gates(measures), "checkpoint": checkpoint}
     rundir.write_json(path, result)
+  result = judged(result, waive)  # judged again: the waiver is this run's, not the file's
   print(format_gates(result))
   if result["failed"]:
     raise GateError("step-0 gates failed (gates.json): " + "; ".join(result["failed"]))
@@ -245,22 +227,27 @@ def run(
   seeds: Sequence[int] | None = None,
   allow_config_change: bool = False,
   other_warm_start: str = "",
+  waive_gates: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Warm start, gates, then every arm for every seed (seed-major, so a partial run covers every
   arm), the report rewritten after each; returns the report's summary. `workdir` is created or
   resumed for this config, arms and seeds (`lm.rundir.prepare_workdir`), as is each run in it.
   `arms` / `seeds` None: the testbed's own (`default_arms`; v1 `SEEDS`, v2 `V2_SEEDS`).
-  `other_warm_start`: another warm start's testbed workdir for the report's ODE section."""
+  `other_warm_start`: another warm start's testbed workdir for the report's ODE section.
+  `waive_gates`: see `gates`; part of the work directory's stamp, so a rerun cannot drop it."""
   arms = default_arms(config) if arms is None else tuple(arms)
   seeds = (V2_SEEDS if is_v2(config) else SEEDS) if seeds is None else tuple(seeds)
   unknown = sorted(set(arms) - set(ALL_ARMS))
   if unknown:
     raise ValueError(f"unknown arm(s) {unknown}; arms are {sorted(ALL_ARMS)}")
-  stamp = {"experiment": config.to_dict(), "testbed": {"arms": list(arms), "seeds": list(seeds)}}
+  testbed_stamp: dict[str, Any] = {"arms": list(arms), "seeds": list(seeds)}
+  if waive_gates:  # absent when empty, so existing work directories keep their stamp
+    testbed_stamp["waive_gates"] = sorted(waive_gates)
+  stamp = {"experiment": config.to_dict(), "testbed": testbed_stamp}
   rundir.prepare_workdir(workdir, stamp, allow_changes=allow_config_change)
   checkpoint = ensure_warm_start(config, workdir)
   progress.note("step-0 gates")
-  gates(config, checkpoint, workdir)
+  gates(config, checkpoint, workdir, waive_gates)
   summary: dict[str, Any] = {}
   for seed in seeds:
     for name in arms:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from dpa_grpo import config as config_lib
@@ -142,6 +143,59 @@ def arm_config(config: config_lib.ExperimentConfig, arm: Arm, seed: int, checkpo
   )
 
 
+GATE_NAMES = ("draft", "sac_gap", "fix", "on_pool", "decision")  # what --waive_gates may name
+
+
+def gate_failures(m: dict[str, Any]) -> dict[str, list[str]]:
+  """The failed gates of `gate_measures` output by name (`GATE_NAMES`), each as sentences."""
+  failed: dict[str, list[str]] = {}
+  add = lambda name, sentence: failed.setdefault(name, []).append(sentence)
+  inside = lambda v, bounds: bounds[0] <= v <= bounds[1]
+  for line, r in m["x_right"].items():
+    if not inside(r["rate"], GATE_DRAFT):
+      add("draft", f"P(x right) of line {line} is {r['rate']:.3f}, outside {GATE_DRAFT}")
+  gap = m["sac_on_wrong"]["rate"] - m["sac_on_right"]["rate"]
+  if not inside(gap, GATE_SAC_GAP):
+    add(
+      "sac_gap",
+      f"SAC rate on wrong drafts {m['sac_on_wrong']['rate']:.3f} minus on right drafts "
+      f"{m['sac_on_right']['rate']:.3f} = {gap:.3f}, outside {GATE_SAC_GAP}",
+    )
+  fix = m["z_right_given_x_wrong"]["rate"]
+  if not inside(fix, GATE_FIX):  # nan (no SAC'd wrong draft) fails too
+    add("fix", f"P(z right | x wrong) is {fix:.3f}, outside {GATE_FIX}")
+  if "v2" in m:
+    pool, keep = m["v2"]["wrong_revision_on_pool"], m["v2"]["greedy_keep_fixable"]
+    if not pool["rate"] >= GATE_V2_ON_POOL:  # nan fails
+      add("on_pool", f"wrong revisions on the answer pool {pool['rate']:.3f}, below {GATE_V2_ON_POOL}")
+    if keep["n"] < GATE_V2_MIN_FIXABLE:
+      add(
+        "decision",
+        f"{keep['n']} greedy SAC'd wrong drafts with a right revision, fewer than {GATE_V2_MIN_FIXABLE}",
+      )
+    elif not inside(keep["rate"], GATE_V2_KEEP_FIXABLE):
+      add(
+        "decision",
+        f"greedy KEEP rate on SAC'd wrong drafts with a right revision {keep['rate']:.3f}, "
+        f"outside {GATE_V2_KEEP_FIXABLE}",
+      )
+  return failed
+
+
+def judged(result: dict[str, Any], waive: Sequence[str]) -> dict[str, Any]:
+  """gates.json's `result` with "failed" judged again under `waive` and the waived failures kept
+  under "waived" (what the gates print and the report shows)."""
+  failures = gate_failures(result["measures"])
+  waived = [s for name in waive for s in failures.get(name, [])]
+  return {**result, "failed": judge_gates(result["measures"], waive), "waived": waived}
+
+
+def judge_gates(m: dict[str, Any], waive: Sequence[str] = ()) -> list[str]:
+  """The failed gates of `gate_measures` output, each as a sentence (empty: all pass), less the
+  gates named in `waive` (`GATE_NAMES`)."""
+  return [s for name, sentences in gate_failures(m).items() if name not in waive for s in sentences]
+
+
 def format_gates(result: dict[str, Any]) -> str:
   """The gates as printed at step 0 and shown in the report."""
   m = result["measures"]
@@ -164,6 +218,8 @@ def format_gates(result: dict[str, Any]) -> str:
     )
     rows += [f"  greedy {name}: {fmt(r)}" for name, r in v2["greedy_decision"].items()]
   rows.append("  all gates pass" if not result["failed"] else "  FAILED: " + "; ".join(result["failed"]))
+  if result.get("waived"):
+    rows.append("  WAIVED by a dated amendment (docs/dpa_grpo.md): " + "; ".join(result["waived"]))
   return "\n".join(rows)
 
 

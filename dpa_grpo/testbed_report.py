@@ -497,7 +497,9 @@ def write(
   md = ["# DPA-GRPO copy-and-check testbed", ""]
   gates_path = os.path.join(workdir, "gates.json")
   if os.path.exists(gates_path):
-    gates = rundir.read_json(gates_path)
+    stamp_path = os.path.join(workdir, "config.json")
+    stamp = rundir.read_json(stamp_path).get("testbed", {}) if os.path.exists(stamp_path) else {}
+    gates = testbed_arms.judged(rundir.read_json(gates_path), stamp.get("waive_gates", ()))
     summary["gates"] = gates
     md += ["```", testbed_arms.format_gates(gates), "```", ""]
   md += [

@@ -39,6 +39,15 @@ _OTHER = flags.DEFINE_string(
 )
 
 
+_WAIVE = flags.DEFINE_list(
+  "waive_gates",
+  [],
+  f"Step-0 gates, of {list(testbed.GATE_NAMES)}, whose failure does not stop the run: only under a "
+  "dated protocol amendment whose judged rows do not read them (docs/dpa_grpo.md). A waived failure "
+  "is printed in the gates and the report; the waiver is part of the work directory's stamp.",
+)
+
+
 def typed_config(config) -> ExperimentConfig:
   """The typed config of this launcher (lm-sweep checks every point with it)."""
   return ExperimentConfig.from_dict(config.to_dict())
@@ -50,6 +59,9 @@ def main(argv):
   unknown = sorted(set(_ARMS.value) - set(testbed.ALL_ARMS))
   if unknown:
     common.fail(f"--arms: unknown arm(s) {unknown}; arms are {list(testbed.ALL_ARMS)}")
+  unknown = sorted(set(_WAIVE.value) - set(testbed.GATE_NAMES))
+  if unknown:
+    common.fail(f"--waive_gates: unknown gate(s) {unknown}; gates are {list(testbed.GATE_NAMES)}")
   try:
     arms = tuple(_ARMS.value) or testbed.default_arms(config)
     seeds = tuple(int(s) for s in _SEEDS.value) or (
@@ -67,6 +79,7 @@ def main(argv):
       seeds=seeds,
       allow_config_change=common.ALLOW_CONFIG_CHANGE.value,
       other_warm_start=_OTHER.value,
+      waive_gates=tuple(_WAIVE.value),
     )
   with open(os.path.join(workdir, "report.md"), encoding="utf-8") as f:
     print(f.read())

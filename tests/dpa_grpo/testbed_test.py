@@ -405,3 +405,21 @@ def test_k3_follow_up_arms_change_only_the_estimator_and_are_judged_with_format_
   assert p["F1k3"]["across_seeds"]["mean"] == pytest.approx(0.1)
   assert p["F2k3"]["across_seeds"]["verdict"] == "not held"  # the last fifth (steps 49-60) parses 2-3 of 12
   assert "| F2k3 |" in (tmp_path / "report.md").read_text()
+
+
+def test_a_waived_gate_is_named_kept_and_printed_and_only_the_named_one_is_waived():
+  m = testbed.gate_measures(_passing_records())
+  constant = dict(m, v2=testbed.v2_gate_measures(*_v2_gate_inputs(12, 0, 0)))  # the decision gate fails
+  assert set(testbed.gate_failures(constant)) == {"decision"}
+  assert testbed.judge_gates(constant, waive=("decision",)) == []
+  assert testbed.judge_gates(constant, waive=("on_pool",)) == testbed.judge_gates(constant)
+  result = testbed.judged({"measures": constant, "failed": testbed.judge_gates(constant)}, ("decision",))
+  assert result["failed"] == [] and len(result["waived"]) == 1 and "greedy KEEP rate" in result["waived"][0]
+  shown = testbed.format_gates(result)
+  assert "all gates pass" in shown and "WAIVED" in shown and "greedy KEEP rate" in shown
+  both = dict(constant, v2=testbed.v2_gate_measures(*_v2_gate_inputs(12, 0, 2)))  # and off the pool
+  assert testbed.judge_gates(both, waive=("decision",)) == [
+    s for s in testbed.judge_gates(both) if "answer pool" in s
+  ]
+  with pytest.raises(ValueError, match="unknown gate"):
+    testbed.gates(None, "", "/nonexistent", waive=("decisions",))
