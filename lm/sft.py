@@ -111,6 +111,28 @@ def _make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vocab_c
   return step
 
 
+def _replicate_on_mesh(opt_state, params):
+  """`opt_state` with its leaves that sit on no mesh (`tx.init`'s step counters) replicated on the
+  parameters' mesh, where the jitted step returns them: its first call then compiles the program
+  every later call runs, instead of a second, identical one for the counters' placement."""
+  meshes = [
+    x.sharding.mesh
+    for x in jax.tree.leaves(params)
+    if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+  ]
+  if not meshes:
+    return opt_state
+  replicated = jax.sharding.NamedSharding(meshes[0], jax.sharding.PartitionSpec())
+  return jax.tree.map(
+    lambda x: (
+      x
+      if not isinstance(x, jax.Array) or isinstance(x.sharding, jax.sharding.NamedSharding)
+      else jax.device_put(x, replicated)
+    ),
+    opt_state,
+  )
+
+
 def batch_order(num_examples: int, batch_size: int, steps: int, seed: int) -> np.ndarray:
   """[steps, batch_size] example indices: consecutive seeded permutations, cut into batches."""
   rng = np.random.default_rng(seed)
@@ -160,7 +182,7 @@ def train_sft(
   width = round_up(max(lengths), config.length_multiple)
   graphdef, params = nnx.split(model)
   tx = config.optimizer()
-  opt_state = tx.init(params)
+  opt_state = _replicate_on_mesh(tx.init(params), params)
   step = _make_step(graphdef, tx, config.vocab_chunk)
   schedule = config.schedule()
   history = []
