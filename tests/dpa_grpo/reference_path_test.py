@@ -26,7 +26,9 @@ def _config(checkpoint: str = "") -> ExperimentConfig:
   c.model.update(preset="tiny_qwen3", dtype="float32", tokenizer_vocab=512, checkpoint=checkpoint)
   c.data.synthetic.n = 6
   c.data.batch_cases = 2
-  c.train.update(steps=2, eval_every=2, checkpoint_every=1, progress=False)
+  # 8 pairs a gradient-accumulation chunk (the tiny preset's; the preset's 32 padded each case's
+  # few pairs to 64 rows a chunk)
+  c.train.update(steps=2, eval_every=2, checkpoint_every=1, progress=False, pairs_per_chunk=8)
   # Lines 34 and 37 (overpaid, owed): one of them is 0 on every case, so sampled revisions are
   # right and wrong within a group; 16 tokens hold "Line 34: from the forms | 1234". The warm
   # start leaves the revise turn near-deterministic: revisions are sampled at T 1.5 (the
