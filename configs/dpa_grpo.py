@@ -147,6 +147,12 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
       steps=0,  # the generator-only methods' budget where it differs (0: train.steps; reference: 20)
       batch_cases=0,  # cases per step (0: data.batch_cases; reference: 5)
       patience=0,  # (0: train.patience; reference: 3)
+      # Testbed v3: the verifier trains too, GRPO on groups of its own sampled verdicts (off: the
+      # generator alone); G verdicts per unit (2: the DPA arms' 2 sequences per unit); the reward
+      # of an unparsable verdict (0: as a wrong one). config.BaselineConfig has the details.
+      train_verifier=False,
+      verifier_group_size=2,
+      verifier_invalid_reward=0.0,
     )
   )
   c.lora = ml_collections.ConfigDict(

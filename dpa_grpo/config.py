@@ -12,6 +12,7 @@ paper), so an override such as `--config.baseline.grpo.beta=0.1` reaches the GRP
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -235,6 +236,20 @@ class BaselineConfig:
   `steps`, `batch_cases` (cases per step) and `patience`. The reference code's baseline scripts
   (`scripts/training_filer_only*.sh`) run 20 steps of 5 cases with patience 3 where its DPA-GRPO
   runs 30 of 10 with patience 2; the paper presets set the former.
+
+  Testbed v3's verifier under a generator-only method (off by default, so every preset and
+  recorded result is unchanged; docs/dpa_grpo.md, "Testbed v3's GRPO arm with a trained verifier"):
+    train_verifier: the verifier trains too (`ExperimentConfig.roles` is both roles), with the
+      method's own group objective and settings (`baseline.<method>`), on groups of its own
+      sampled verdicts: each training step also plays the game, the verifier sampling
+      `verifier_group_size` replies per unit of which the first is played (so the game's play is
+      the usual one in distribution), and evaluation plays the game. The generator trains as
+      without it, on its groups of drafts. Library mode only.
+    verifier_group_size: G, the verdicts sampled per unit, every one trained. 2 matches the DPA
+      arms' budget: their verifier trains on 2 sequences per unit (the NS and SAC strings).
+    verifier_invalid_reward: the reward of a reply that does not parse as a verdict (game's
+      `valid`), whatever it plays; a right verdict earns 1, a wrong one 0. Default 0: an
+      unparsable reply counts as a wrong verdict.
   """
 
   mode: str = "library"
@@ -245,8 +260,20 @@ class BaselineConfig:
   steps: int = 0
   batch_cases: int = 0
   patience: int = 0
+  train_verifier: bool = False
+  verifier_group_size: int = 2
+  verifier_invalid_reward: float = 0.0
 
   def __post_init__(self):
+    if self.verifier_group_size < 2:
+      raise ValueError(f"baseline.verifier_group_size must be >= 2 (a group), got {self.verifier_group_size}")
+    if not math.isfinite(self.verifier_invalid_reward):
+      raise ValueError(f"baseline.verifier_invalid_reward must be finite, got {self.verifier_invalid_reward}")
+    if self.train_verifier and self.mode != "library":
+      raise ValueError(
+        "baseline.train_verifier trains the verifier with the method's own group objective: it needs "
+        f"baseline.mode='library', got {self.mode!r}"
+      )
     if self.mode not in BASELINE_MODES:
       raise ValueError(f"baseline.mode must be one of {BASELINE_MODES}, got {self.mode!r}")
     for name in ("steps", "batch_cases", "patience"):
@@ -397,6 +424,11 @@ class WarmStartConfig:
       raise ValueError(f"warm-start turns must be among {TURNS}, got {sorted(unknown)}")
 
 
+# `BaselineConfig`'s testbed-v3 keys and their defaults: `ExperimentConfig.to_dict` leaves them out
+# at these values.
+V3_BASELINE_DEFAULTS = {"train_verifier": False, "verifier_group_size": 2, "verifier_invalid_reward": 0.0}
+
+
 def rollout_config(values: Mapping[str, Any]) -> rollout.RolloutConfig:
   """`rollout.RolloutConfig` of the config's section; lines=() means all 19 in form order."""
   values = dict(values)
@@ -434,10 +466,17 @@ class ExperimentConfig:
         raise ValueError(f"config.method / compare must be among {METHODS}, got {method!r}")
 
   @property
+  def plays_game(self) -> bool:
+    """Whether training and evaluation play the generator-verifier game: DPA-GRPO, and a
+    generator-only method with `baseline.train_verifier` (testbed v3); the others draft only."""
+    return self.method == "dpa_grpo" or (self.method in BASELINES and self.baseline.train_verifier)
+
+  @property
   def roles(self) -> tuple[str, ...]:
-    """The trained roles: both for DPA-GRPO (in `game.ROLES` order, which seeds their adapters),
-    the generator alone for the others."""
-    return game.ROLES if self.method == "dpa_grpo" else ("generator",)
+    """The trained roles: both for DPA-GRPO and for a generator-only method with
+    `baseline.train_verifier` (in `game.ROLES` order, which seeds their adapters), the generator
+    alone for the others."""
+    return game.ROLES if self.plays_game else ("generator",)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> ExperimentConfig:
@@ -476,8 +515,15 @@ class ExperimentConfig:
     return build(cls, v, "")
 
   def to_dict(self) -> dict[str, Any]:
-    """The resolved config as plain JSON-able values (what `config.json` holds)."""
-    return dataclasses.asdict(self)
+    """The resolved config as plain JSON-able values (what `config.json` holds). The keys added
+    for testbed v3 (`V3_BASELINE_DEFAULTS`) are left out at their defaults, so the run and work
+    directories written before them keep their config (a rerun there is not a config change);
+    `from_dict` reads them back as the defaults."""
+    values = dataclasses.asdict(self)
+    for key, default in V3_BASELINE_DEFAULTS.items():
+      if values["baseline"][key] == default:
+        del values["baseline"][key]
+    return values
 
   def for_method(self, method: str, checkpoint: str = "") -> ExperimentConfig:
     """This experiment's settings for `method` (from `checkpoint`, if given); zero_shot trains 0

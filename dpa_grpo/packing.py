@@ -220,6 +220,46 @@ def dpa_items(units: Sequence[rollout.Unit], tokenizer, loss: config_lib.LossCon
   return items
 
 
+def verdict_reward(parsed: game.VerifierReply, x_right: bool, invalid_reward: float = 0.0) -> float:
+  """The reward of one sampled verdict on a draft: 1 when it is right (SAC on a wrong draft, NS on
+  a right one), 0 when wrong, and `invalid_reward` when the reply does not parse as a verdict
+  (`parsed.valid` false, whatever its fallback action plays; `baseline.verifier_invalid_reward`,
+  default 0: as a wrong verdict)."""
+  if not parsed.valid:
+    return float(invalid_reward)
+  return float((parsed.action == game.SAC_ACTION) != x_right)
+
+
+def verifier_groups(
+  units: Sequence[rollout.Unit], *, invalid_reward: float = 0.0, skip_invalid_draft: bool = False
+) -> list[rollout.Group]:
+  """Testbed v3's verifier under a generator-only method: each unit's G sampled verdicts
+  (`Verdict.group`; the played reply alone when it has none) as one GRPO group on the verifier
+  prompt, rewards `verdict_reward`, for `group_chunks` and the method's own group loss (whose
+  group-normalised advantages are zero on a tied group). The DPA arms' verifier trains on the two
+  fixed verdict strings of the same units instead (`dpa_items`); `skip_invalid_draft`
+  (`loss.skip_verifier_on_invalid_draft`) leaves out the same units as there."""
+  groups = []
+  for u in units:
+    if skip_invalid_draft and u.draft.amount is None:
+      continue
+    v = u.verdict
+    samples, parsed = (v.group, v.group_parsed) if v.group else ((v.reply,), (v.parsed,))
+    groups.append(
+      rollout.Group(
+        case_id=u.draft.case_id,
+        line_id=u.line_id,
+        gold=u.draft.gold,
+        prompt=v.prompt,
+        prompt_ids=v.prompt_ids,
+        samples=tuple(samples),
+        amounts=(),
+        rewards=tuple(verdict_reward(p, u.x_right, invalid_reward) for p in parsed),
+      )
+    )
+  return groups
+
+
 def draft_pair_items(groups: Sequence[rollout.Group]) -> list[Item]:
   """The reference code's generator-only baseline: each line's two drafts as one pair on the draft
   prompt, rewards [S_1, S_2]; a tied pair (both right or both wrong) carries no advantage and is

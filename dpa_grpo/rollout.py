@@ -435,12 +435,18 @@ class Draft:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdict:
-  """Phase 2: the verifier's reply to the draft (NS, or SAC with its Claim/Argument/Evidence)."""
+  """Phase 2: the verifier's reply to the draft (NS, or SAC with its Claim/Argument/Evidence).
+
+  `group`, `group_parsed`: every reply sampled on the prompt when the verifier samples a group
+  (`play(verdicts=G)`, testbed v3's trained verifier under a generator-only method), the played
+  `reply` first; empty when it samples the played reply alone."""
 
   prompt: str
   prompt_ids: list[int]
   reply: Sample
   parsed: game.VerifierReply
+  group: tuple[Sample, ...] = ()
+  group_parsed: tuple[game.VerifierReply, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -513,6 +519,8 @@ class Unit:
       None if s is None else {"text": s.text, "mean_logprob": s.mean_logprob, "finish": s.finish}
     )
     d, v, r, c = self.draft, self.verdict, self.revision, self.decision
+    # A verifier group's replies only where there is one: every other arm's records as before.
+    group = [_group_reply(s, p) for s, p in zip(v.group, v.group_parsed, strict=True)]
     return {
       "case_id": d.case_id,
       "line": d.line_id,
@@ -543,7 +551,20 @@ class Unit:
       "case": self.case,
       "submitted": self.submitted,
       "submitted_right": self.submitted_right,
+      **({"verifier_group": group} if group else {}),
     }
+
+
+def _group_reply(sample: Sample, parsed: game.VerifierReply) -> dict[str, Any]:
+  """One reply of a verifier group as the unit's record keeps it."""
+  return {
+    "text": sample.text,
+    "mean_logprob": sample.mean_logprob,
+    "finish": sample.finish,
+    "verdict": parsed.verdict,
+    "action": game.VERIFIER_ACTIONS[parsed.action],
+    "valid": parsed.valid,
+  }
 
 
 def compact(case: taxcalc.TaxCase) -> taxcalc.TaxCase:
@@ -601,22 +622,25 @@ def _amount(sample: Sample, line_id: str, cfg: RolloutConfig) -> float | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Play:
-  """How one `play` samples: training (the config's temperatures, K revisions, exploration) or
-  greedy evaluation (temperature 0 everywhere, one revision, no exploration)."""
+  """How one `play` samples: training (the config's temperatures, K revisions, exploration, G
+  verdicts per unit) or greedy evaluation (temperature 0 everywhere, one revision, no
+  exploration, one verdict)."""
 
   temperature: float
   revision_temperature: float
   revisions: int
+  verdicts: int
   explore: float
   fallback_verdict: int
   fallback_decision: int
 
   @classmethod
-  def of(cls, cfg: RolloutConfig, greedy: bool) -> _Play:
+  def of(cls, cfg: RolloutConfig, greedy: bool, verdicts: int = 1) -> _Play:
     return cls(
       temperature=0.0 if greedy else cfg.temperature,
       revision_temperature=0.0 if greedy else cfg.revision_temperature,
       revisions=1 if greedy else cfg.revisions,
+      verdicts=1 if greedy else verdicts,
       explore=0.0 if greedy else cfg.explore,
       fallback_verdict=game.VERIFIER_ACTIONS.index(cfg.invalid_verdict_action),
       fallback_decision=game.GENERATOR_ACTIONS.index(cfg.invalid_decision_action),
@@ -674,26 +698,25 @@ def decision_prompt(
 def _verify_phase(
   cases, drafts: Sequence[Draft], verifier: RolePolicy, cfg: RolloutConfig, how: _Play, seeds
 ):
-  """The verifier replies NS or SAC to every draft (one sampler call)."""
+  """The verifier replies NS or SAC to every draft (one sampler call). With `how.verdicts` G > 1
+  it samples G replies per draft at the same temperature and plays the first, so the play is the
+  one-reply play in distribution; all G are kept (`Verdict.group`) for its GRPO group."""
   prompts = [verifier_prompt(c, d.line_id, d.prompt, d.x.text) for c, d in zip(cases, drafts, strict=True)]
   ids, replies = verifier.generate(
     prompts,
-    n=1,
+    n=how.verdicts,
     temperature=how.temperature,
     top_p=cfg.top_p,
     top_k=cfg.top_k,
     max_new_tokens=cfg.verdict_tokens,
     seeds=seeds("verify", len(drafts)),
   )
-  return [
-    Verdict(
-      prompt=prompt,
-      prompt_ids=prompt_ids,
-      reply=reply,
-      parsed=game.parse_verifier_reply(reply.text, how.fallback_verdict),
-    )
-    for prompt, prompt_ids, (reply,) in zip(prompts, ids, replies, strict=True)
-  ]
+  out = []
+  for prompt, prompt_ids, group in zip(prompts, ids, replies, strict=True):
+    parsed = tuple(game.parse_verifier_reply(r.text, how.fallback_verdict) for r in group)
+    grouped = dict(group=tuple(group), group_parsed=parsed) if how.verdicts > 1 else {}
+    out.append(Verdict(prompt=prompt, prompt_ids=prompt_ids, reply=group[0], parsed=parsed[0], **grouped))
+  return out
 
 
 def _revise_phase(
@@ -808,12 +831,15 @@ def play(
   seed: int,
   step: int,
   greedy: bool = False,
+  verdicts: int = 1,
 ) -> list[Unit]:
   """Plays every line of `cases` and returns the units in (line, case) order.
 
-  `greedy` is evaluation: temperature 0 everywhere, one revision, no exploration.
+  `greedy` is evaluation: temperature 0 everywhere, one revision, no exploration, one verdict.
+  `verdicts`: replies the verifier samples per unit in training, the first played (testbed v3's
+  GRPO-trained verifier, `config.BaselineConfig.train_verifier`); 1: the played reply alone.
   """
-  how = _Play.of(cfg, greedy)
+  how = _Play.of(cfg, greedy, verdicts)
   by_id = {c.case_id: c for c in cases}
   shown = [cfg.show(c) for c in cases]
   drafted: list[dict[str, float | None]] = [{} for _ in cases]
@@ -839,7 +865,9 @@ def play(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Group:
-  """G completions of one line prompt (generator-only baselines) with their 0/1 rewards."""
+  """G completions of one prompt with their rewards: a line prompt's drafts (generator-only
+  baselines, 0/1 by the oracle) or, with `amounts` empty, the verifier's G verdicts on one unit
+  (`packing.verifier_groups`, testbed v3)."""
 
   case_id: str
   line_id: str

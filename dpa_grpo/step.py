@@ -54,11 +54,14 @@ def loss_configs(
   baseline: config_lib.BaselineConfig,
   *,
   max_new_tokens: int,
+  verdict_tokens: int = 0,
 ) -> dict[str, Any]:
   """Each trained role's static loss settings: the DPA-GRPO loss of both roles, or the
   generator's baseline loss with `baseline.<method>`'s settings; none for zero_shot. In the
   reference baseline mode a generator-only method trains with the DPA-GRPO pair loss on its two
-  drafts (k1, pair weighting, the method's β), as the reference code's baselines do."""
+  drafts (k1, pair weighting, the method's β), as the reference code's baselines do. With
+  `baseline.train_verifier` (testbed v3) the verifier gets the same baseline loss as the generator,
+  its longest reply `verdict_tokens` (DAPO's overlong shaping; 0: `max_new_tokens`)."""
   if method in losses.BASELINES and baseline.mode == "reference":
     settings = baseline.method(method)
     return {
@@ -89,18 +92,20 @@ def loss_configs(
   if method == "zero_shot":
     return {}
   settings = baseline.method(method)
-  return {
-    "generator": losses.BaselineConfig(
-      method=method,
-      beta=settings.beta,
-      eps_low=settings.eps_low,
-      eps_high=settings.eps_high,
-      max_len=max_new_tokens,
-      cache_len=baseline.overlong_cache,
-      vocab_chunk=loss.vocab_chunk,
-      remat=loss.remat,
-    )
-  }
+  group_loss = lambda max_len: losses.BaselineConfig(
+    method=method,
+    beta=settings.beta,
+    eps_low=settings.eps_low,
+    eps_high=settings.eps_high,
+    max_len=max_len,
+    cache_len=baseline.overlong_cache,
+    vocab_chunk=loss.vocab_chunk,
+    remat=loss.remat,
+  )
+  configs = {"generator": group_loss(max_new_tokens)}
+  if baseline.train_verifier:
+    configs["verifier"] = group_loss(verdict_tokens or max_new_tokens)
+  return configs
 
 
 @functools.partial(

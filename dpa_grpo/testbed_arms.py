@@ -28,6 +28,11 @@ GATE_FIX = (0.2, 0.6)  # P(z right | x wrong) after a SAC
 GATE_V2_ON_POOL = 0.8  # lower bound: share of wrong revisions (SAC'd wrong drafts) on the answer pool
 GATE_V2_KEEP_FIXABLE = (0.2, 0.8)  # greedy KEEP rate on SAC'd wrong drafts with a right revision
 GATE_V2_MIN_FIXABLE = 10  # at least this many such units in the greedy play
+# Testbed v3's validity gate on a finished run (not registered; `testbed_report.v3_format_gate`):
+# the share of its training-rollout verdicts that parse in the last fifth of its steps, the
+# quantity of the F1k3 / F2k3 rows (`testbed_report.training_health`), must reach this bound, or
+# the run's comparison measures a verifier that has left the verdict format, not the method.
+GATE_V3_FORMAT = 0.9
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,6 +46,7 @@ class Arm:
   baseline_mode: str = "library"
   rollout: dict[str, Any] = dataclasses.field(default_factory=dict)
   optim: dict[str, Any] = dataclasses.field(default_factory=dict)
+  baseline: dict[str, Any] = dataclasses.field(default_factory=dict)  # `config.BaselineConfig` keys
 
 
 ARMS = {
@@ -115,7 +121,24 @@ V2_ABLATION_ARMS = {
   for a in V2_ARMS.values()
 }
 V2_SEEDS = tuple(range(9))
-ALL_ARMS = {**ARMS, **V2_ARMS, **V2_K3_ARMS, **V2_ABLATION_ARMS}
+# Testbed v3 (code; not registered, not run): the paired counterfactual design of the DPA arms
+# against GRPO that trains the verifier as well, with plain group advantages on its own sampled
+# verdicts (`config.BaselineConfig.train_verifier`). Budget: G = `baseline.verifier_group_size`
+# = 2 sampled verdicts per unit, each a trained verifier sequence — the DPA arms train 2 per unit
+# too (the fixed NS and SAC strings), though a sampled SAC is longer (its Claim/Argument/Evidence).
+# The generator trains as in the `grpo` arm (groups of `rollout.group_size` drafts).
+V3_ARMS = {
+  a.name: a
+  for a in (
+    Arm(
+      name="grpo_verifier",
+      method="grpo",
+      label="GRPO, verifier trained too: groups of 2 sampled verdicts per unit (DPA: 2 fixed strings)",
+      baseline=dict(train_verifier=True, verifier_group_size=2),
+    ),
+  )
+}
+ALL_ARMS = {**ARMS, **V2_ARMS, **V2_K3_ARMS, **V2_ABLATION_ARMS, **V3_ARMS}
 
 
 def is_v2(config: config_lib.ExperimentConfig) -> bool:
@@ -137,7 +160,7 @@ def arm_config(config: config_lib.ExperimentConfig, arm: Arm, seed: int, checkpo
     compare=(),
     warm_start=dataclasses.replace(c.warm_start, steps=0),
     loss=dataclasses.replace(c.loss, **arm.loss),
-    baseline=dataclasses.replace(c.baseline, mode=arm.baseline_mode),
+    baseline=dataclasses.replace(c.baseline, mode=arm.baseline_mode, **arm.baseline),
     rollout=dataclasses.replace(c.rollout, **arm.rollout),
     optim=dataclasses.replace(c.optim, **arm.optim),
   )

@@ -384,6 +384,31 @@ def training_health(train: Sequence[dict[str, Any]], logs: Sequence[dict[str, An
   return rows
 
 
+def run_training_health(path: str) -> list[dict[str, Any]] | None:
+  """`training_health` of the finished run in `path` from its records (the played units' verdicts
+  of its training rollouts); None when the run is unfinished or played no verdict in training."""
+  train_path = os.path.join(path, "records", "train.jsonl")
+  if not os.path.exists(os.path.join(path, "summary.json")) or not os.path.exists(train_path):
+    return None
+  train = [r for r in rundir.read_jsonl(train_path) if "verifier_valid" in r]
+  if not train:
+    return None
+  return training_health(train, list(rundir.read_jsonl(os.path.join(path, "metrics.jsonl"))))
+
+
+def v3_format_gate(path: str) -> dict[str, Any] | None:
+  """Testbed v3's validity gate on the finished run in `path`: its format health — the share of its
+  training-rollout verdicts that parse in the last fifth of its steps, the F1k3 / F2k3 rows'
+  quantity (`run_training_health`) — against `testbed_arms.GATE_V3_FORMAT`. {"share", "bound",
+  "passes"} (a nan share, no verdict in that fifth, fails); None when `run_training_health` is."""
+  rows = run_training_health(path)
+  if rows is None:
+    return None
+  share = rows[-1]["valid_verdict"]
+  bound = testbed_arms.GATE_V3_FORMAT
+  return {"share": share, "bound": bound, "passes": bool(share >= bound)}
+
+
 def format_health(
   workdir: str, arms: Sequence[str], seeds: Sequence[int], summary: dict[str, Any]
 ) -> list[str]:
@@ -391,14 +416,9 @@ def format_health(
   md = []
   for arm in arms:
     for seed in seeds:
-      path = testbed_arms.run_dir(workdir, arm, seed)
-      train_path = os.path.join(path, "records", "train.jsonl")
-      if not os.path.exists(os.path.join(path, "summary.json")) or not os.path.exists(train_path):
+      rows = run_training_health(testbed_arms.run_dir(workdir, arm, seed))
+      if rows is None:
         continue
-      train = [r for r in rundir.read_jsonl(train_path) if "verifier_valid" in r]
-      if not train:
-        continue
-      rows = training_health(train, list(rundir.read_jsonl(os.path.join(path, "metrics.jsonl"))))
       summary.setdefault("training_health", {}).setdefault(arm, {})[seed] = rows
       cells = " | ".join(
         f"{r['valid_verdict']:.2f} / {r['valid_decision']:.2f} / {r['verifier_kl']:+.2f}" for r in rows

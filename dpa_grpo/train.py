@@ -103,7 +103,11 @@ class Trainer:
       lambda x, t: jax.device_put(x, t.sharding), self.tx.init(self.trainable), target
     )
     self.loss_cfgs = step_lib.loss_configs(
-      self.method, config.loss, config.baseline, max_new_tokens=self.rollout_cfg.max_new_tokens
+      self.method,
+      config.loss,
+      config.baseline,
+      max_new_tokens=self.rollout_cfg.max_new_tokens,
+      verdict_tokens=self.rollout_cfg.verdict_tokens,
     )
     self.loss_method = step_lib.loss_method(self.method, config.baseline)
     if self.loss_method != self.method and self.rollout_cfg.group_size != 2:
@@ -243,10 +247,47 @@ class Trainer:
       items = packing.draft_pair_items(groups)
       chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id, c.loss.aggregate)}
       return chunks, [g.record() for g in groups], {**metrics, "untied_groups": len(items)}
-    size = self.rollout_cfg.group_size
-    per_chunk = shapes.round_up(c.train.groups_per_chunk * size, self.batch_multiple) // size
-    chunks = {"generator": packing.group_chunks(groups, self.method, max(per_chunk, 1), self.pad_id)}
-    return chunks, [g.record() for g in groups], metrics
+    chunks = {"generator": self._group_chunks(groups)}
+    records = [g.record() for g in groups]
+    if "verifier" in self.roles:  # testbed v3: `baseline.train_verifier`
+      chunks["verifier"], units, verifier_metrics = self._verifier_chunks(step, cases, seed)
+      records += [u.record() for u in units]
+      metrics.update(verifier_metrics)
+    return chunks, records, metrics
+
+  def _group_chunks(self, groups: list[rollout.Group]) -> list[dict[str, np.ndarray]]:
+    """Groups of one size as the method's group-loss chunks (`packing.group_chunks`), about
+    `train.groups_per_chunk` groups each, rows rounded to the mesh's batch axes; none without groups."""
+    if not groups:
+      return []
+    size = len(groups[0].samples)
+    per_chunk = shapes.round_up(self.config.train.groups_per_chunk * size, self.batch_multiple) // size
+    return packing.group_chunks(groups, self.method, max(per_chunk, 1), self.pad_id)
+
+  def _verifier_chunks(self, step: int, cases, seed: int):
+    """Testbed v3's verifier under a generator-only method (`baseline.train_verifier`): the step
+    also plays the game, the verifier sampling `baseline.verifier_group_size` verdicts per unit
+    (the first played, so revision and decision happen and are recorded as in every game), and
+    each unit's verdicts are a group of the method's own loss (`packing.verifier_groups`).
+    Returns (chunks, units, rollout metrics: `verifier_reward`, `verifier_groups`,
+    `verifier_untied_groups`, `verifier_valid` over every sampled verdict, and `game`)."""
+    b = self.config.baseline
+    g, v = self.samplers["generator"], self.samplers["verifier"]
+    units = rollout.play(cases, g, v, self.rollout_cfg, seed=seed, step=step, verdicts=b.verifier_group_size)
+    groups = packing.verifier_groups(
+      units,
+      invalid_reward=b.verifier_invalid_reward,
+      skip_invalid_draft=self.config.loss.skip_verifier_on_invalid_draft,
+    )
+    valid = [p.valid for u in units for p in (u.verdict.group_parsed or (u.verdict.parsed,))]
+    metrics = {
+      "verifier_reward": float(np.mean([g.rewards for g in groups])) if groups else float("nan"),
+      "verifier_groups": len(groups),
+      "verifier_untied_groups": sum(max(g.rewards) > min(g.rewards) for g in groups),
+      "verifier_valid": float(np.mean(valid)),
+      "game": game_metrics(units, self.rollout_cfg.tolerance),
+    }
+    return self._group_chunks(groups), units, metrics
 
   def train_step(self, step: int) -> dict[str, Any]:
     c = self.config
@@ -354,14 +395,15 @@ class Trainer:
     return metrics, grad_norm, tokens
 
   def evaluate(self, step: int) -> dict[str, Any]:
-    """Temperature-0 play of the test split (the game for DPA-GRPO, drafts for the others). With
+    """Temperature-0 play of the test split (the game for DPA-GRPO and for a generator-only method
+    that trains the verifier too, `baseline.train_verifier`; drafts for the others). With
     `train.eval_cases` the metrics (and model selection) are those of the first eval_cases test
     cases, the reference code's; the all-cases figure is logged beside as `all_cases`."""
     cfg = self.rollout_cfg
     tol = cfg.tolerance
     n = self.config.train.eval_cases
     first = {case.case_id for case in self.test_cases[:n]}
-    if self.method == "dpa_grpo":
+    if self.config.plays_game:
       g, v = self.samplers["generator"], self.samplers["verifier"]
       units = rollout.play(self.test_cases, g, v, cfg, seed=self.config.seed, step=step, greedy=True)
       metrics, records = game_metrics(units, tol), [u.record() for u in units]
