@@ -10,8 +10,8 @@ Two readings, both of a run directory (`dpa_grpo.train.run`'s layout):
   "correct", and "wrong" with the case's SAC) on validation prompts, averaged per segment of the
   schema: where the policy has moved mass off the format, and which tokens first.
 
-`python -m dpa_grpo.format_reading --run=<workdir>/<arm>/seed<k> --config=configs/dpa_grpo.py:testbed_v2`
-prints both (markdown).
+`python -m dpa_grpo.format_reading --run=<workdir>/<arm>/seed<k>` prints both (markdown); the run's own
+`config.json` gives its experiment.
 """
 
 from __future__ import annotations

@@ -124,6 +124,13 @@ V2_FORMAT_PREDICTIONS = {
     )
     for s, (what, _, _) in testbed_arms.V2_ABLATIONS.items()
   },
+  # The as-registered arm beside the ablations on another warm start (amendment of 2026-12-04).
+  "": (
+    ("F1₀", "verdicts still parse in the last fifth under DPA-GRPO (as registered): share − 0.9",
+     "dpa_paper"),
+    ("F2₀", "verdicts still parse in the last fifth under the ablation (as registered): share − 0.9",
+     "proposal_only"),
+  ),
   "k3": (
     ("F1k3", "verdicts still parse in the last fifth of training under DPA-GRPO (k3): share − 0.9",
      "dpa_paper_k3"),
@@ -131,6 +138,19 @@ V2_FORMAT_PREDICTIONS = {
      "proposal_only_k3"),
   ),
 }  # fmt: skip
+
+
+SCREEN_SEEDS = 3  # the collapse ablations' screening (docs/dpa_grpo.md): seeds 0-2 before nine
+
+
+def screening(differences: Sequence[float]) -> str | None:
+  """A format row's status before its nine seeds, by the ablations' screening rule: "not held at
+  screening" when at least SCREEN_SEEDS seeds ran and every one ended below the bound (difference
+  < 0), "passes screening" when at least SCREEN_SEEDS ran and one did not (it runs on to nine seeds
+  and only then gets a verdict); None with fewer seeds or once nine have run."""
+  if not SCREEN_SEEDS <= len(differences) < ACROSS_SEEDS_NEEDED:
+    return None
+  return "not held at screening" if all(d < 0 for d in differences) else "passes screening"
 
 
 def _pair_rows(pair: tuple[str, str], suffix: str) -> tuple[tuple, ...]:
@@ -485,15 +505,24 @@ def _v2_predictions(
     for pid, text, arm in V2_FORMAT_PREDICTIONS.get(suffix, ()) if set(pair) & set(arms) else ():
       by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
       ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
-      md.append(_judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up"))
+      md.append(_judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up", screen=True))
   return md
 
 
 def _judged_row(
-  summary: dict[str, Any], pid: str, text: str, seeds: list[int], diffs: list[float], direction
+  summary: dict[str, Any],
+  pid: str,
+  text: str,
+  seeds: list[int],
+  diffs: list[float],
+  direction,
+  screen: bool = False,
 ) -> str:
-  """One v2 row judged by the across-seed rule: into `summary["predictions"]`; its markdown line."""
+  """One v2 row judged by the across-seed rule: into `summary["predictions"]`; its markdown line.
+  `screen`: a format row, whose verdict before nine seeds is its `screening` status."""
   mean, (low, high), verdict = across_seeds(diffs, direction)
+  if screen:
+    verdict = screening(diffs) or verdict
   summary["predictions"][pid] = {
     "statement": text, "seeds": seeds, "differences": diffs,
     "across_seeds": {"mean": mean, "ci": [low, high], "verdict": verdict},

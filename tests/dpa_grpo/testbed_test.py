@@ -407,6 +407,33 @@ def test_k3_follow_up_arms_change_only_the_estimator_and_are_judged_with_format_
   assert "| F2k3 |" in (tmp_path / "report.md").read_text()
 
 
+def test_the_ablations_screening_rule_and_its_rows_for_the_as_registered_arm(tmp_path):
+  """docs/dpa_grpo.md, collapse ablations: three seeds all below the format bound are "not held at
+  screening"; one at or above it passes on to nine seeds; nine get the across-seed verdict. The
+  as-registered pair has its own rows (F1₀ / F2₀, amendment of 2026-12-04)."""
+  assert testbed_report.screening([-0.9, -0.9]) is None  # fewer than three seeds: no status yet
+  assert testbed_report.screening([-0.9, -0.85, -0.01]) == "not held at screening"
+  assert testbed_report.screening([-0.9, 0.0, -0.5]) == "passes screening"  # 0.9 itself is not below
+  assert testbed_report.screening([-0.5] * 9) is None
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v2").to_dict())
+  arms, seeds = ("dpa_paper", "dpa_paper_a2"), (0, 1, 2)
+  for seed in seeds:
+    for arm, collapse in zip(arms, (True, False), strict=True):
+      _write_v2_run(tmp_path, arm, seed, (3, 2, 0.70, 0.70), (7, 2, 0.78, 0.74))
+      path = testbed.run_dir(str(tmp_path), arm, seed)
+      valid = lambda s: not (collapse and s > 30)  # noqa: B023
+      train = [{"step": s, "verifier_valid": valid(s), "decision": None} for s in range(1, 61)]
+      with open(os.path.join(path, "records", "train.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train)
+      with open(os.path.join(path, "summary.json"), "w") as f:
+        f.write("{}")
+  p = testbed_report.write(str(tmp_path), config, arms, seeds)["predictions"]
+  assert p["F1₀"]["across_seeds"]["verdict"] == "not held at screening"
+  assert p["F1a2"]["across_seeds"]["verdict"] == "passes screening"
+  assert "F2₀" in p and p["F2₀"]["differences"] == []  # proposal_only did not run
+  assert "| F1a2 |" in (tmp_path / "report.md").read_text()
+
+
 def test_a_waived_gate_is_named_kept_and_printed_and_only_the_named_one_is_waived():
   m = testbed.gate_measures(_passing_records())
   constant = dict(m, v2=testbed.v2_gate_measures(*_v2_gate_inputs(12, 0, 0)))  # the decision gate fails
