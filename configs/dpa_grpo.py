@@ -5,6 +5,8 @@ Presets (`--config=configs/dpa_grpo.py:<preset>`):
   testbed         the same model on copy-and-check cases (launch/dpa_testbed.py: arms x seeds)
   testbed_v2      testbed v2: the KEEP / REVISE decision has a signal; the paper's revision mechanism
                   against a proposal-only ablation, 60 steps (docs/dpa_grpo.md, "Testbed v2")
+  testbed_v3      testbed v3: v2 with the collapse's fix (the reference's pair stubs, no penalty),
+                  a committed warm start, and GRPO arms beside (docs/dpa_grpo.md, "Testbed v3")
   tiny            the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps
   qwen3_4b, qwen3_8b            DPA-GRPO with the paper's hyper-parameters on TaxCalcBench TY24
   qwen3_4b_<m>, qwen3_8b_<m>    the same model and data for m in grpo, dapo, gspo, zero_shot
@@ -18,13 +20,14 @@ Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.da
 import ml_collections
 
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
-_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed", "testbed_v2")
+_SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed", "testbed_v2", "testbed_v3")
 # Each size with one line (launchers' --help lists them); PRESET_NAMES adds the `<size>_<method>` ones.
 PRESETS = {
   "cpu": "(default) tiny Qwen3-style model on synthetic TY24 forms, LoRA; about 10 min on 2 cores",
   "tiny": "the smallest end-to-end run (tests): 2 lines, few tokens, 2 steps; under a minute",
   "testbed": "the copy-and-check testbed (launch/dpa_testbed.py: arms x seeds)",
   "testbed_v2": "testbed v2: revision mechanism against a proposal-only ablation, 60 steps",
+  "testbed_v3": "testbed v3: v2 with the format kept (the reference's pair stubs), DPA against GRPO arms",
   "qwen3_4b": "the paper's hyper-parameters on TaxCalcBench TY24; needs --config.model.checkpoint",
   "qwen3_8b": "the same with Qwen3-8B; needs --config.model.checkpoint",
   "<size>_<method>": "any size above with method grpo, dapo, gspo or zero_shot (e.g. tiny_grpo)",
@@ -204,7 +207,14 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   # of dpa_grpo.config.WarmStartConfig) and the methods run beside `method` for comparison.
   c.warm_start = ml_collections.ConfigDict(
     dict(
-      steps=0, batch_size=16, learning_rate=3e-3, warmup_steps=20, wrong_fraction=0.5, seed=0, cache_dir=""
+      steps=0,
+      batch_size=16,
+      learning_rate=3e-3,
+      warmup_steps=20,
+      wrong_fraction=0.5,
+      seed=0,
+      cache_dir="",
+      from_dir="",
     )
   )
   c.compare = ()
@@ -260,10 +270,12 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     # (8 devices); with it the plan fits H100 x8 and v5p-8 with 25% headroom (docs/scale.md).
     c.loss.remat = "full"
     _reference_training(c)
-  if size in ("testbed", "testbed_v2"):
+  if size in ("testbed", "testbed_v2", "testbed_v3"):
     _testbed(c)
-  if size == "testbed_v2":
+  if size in ("testbed_v2", "testbed_v3"):
     _testbed_v2(c)
+  if size == "testbed_v3":
+    _testbed_v3(c)
   if method == "zero_shot":
     c.train.steps = 0
   if target:
@@ -405,6 +417,24 @@ def _testbed_v2(c: ml_collections.ConfigDict) -> None:
   c.rollout.decision_note = True
   c.warm_start.update(decide_style="habit", decide_keep=0.5)
   c.train.update(steps=60, eval_every=15, checkpoint_every=15)
+
+
+# Testbed v3's committed warm start (repository-relative; `testbed.export_warm_start` wrote it).
+V3_WARM_START = "dpa_grpo/warm_starts/testbed_v3"
+V3_WARM_START_SEED = 2
+
+
+def _testbed_v3(c: ml_collections.ConfigDict) -> None:
+  """Testbed v3 (docs/dpa_grpo.md, "Testbed v3"): v2's cases, prompts and warm-start recipe, with
+  the fix the collapse ablations named — the verifier's pair is the reference's stubs, never a
+  prefix of the reply it samples, and no penalty on unparsable replies (a5: format kept in nine of
+  nine seeds) — and a committed warm start, so that every machine kind plays from the same weights.
+  None of warm-start seeds 0-9 passed every step-0 gate on the AVX2 machine that trained them;
+  seed 2 failed one, P(z right | x wrong) 0.643 against the bound 0.6, and is committed with that
+  gate waived by name (the amendment of 2026-12-04 in the docs). Arms `testbed_arms.V3_ARMS`,
+  nine seeds, each run counted only if it keeps the format (`testbed_arms.GATE_V3_FORMAT`)."""
+  c.loss.update(pair_actions="reference_stub", invalid_penalty=0.0)
+  c.warm_start.update(seed=V3_WARM_START_SEED, from_dir=V3_WARM_START, waive_gates=("fix",))
 
 
 _HF_IDS = {"qwen3_4b": "Qwen/Qwen3-4B", "qwen3_8b": "Qwen/Qwen3-8B"}

@@ -396,6 +396,16 @@ class WarmStartConfig:
     cache_dir: where the copy-and-check testbed keeps its warm starts, one directory per
       `testbed.warm_start_key` (not part of the key), so run directories on one machine share them;
       "": inside the run directory (`<workdir>/warm_start/`).
+    from_dir: a committed warm start used instead of training one (a path relative to the
+      repository root, or absolute): the directory this config's warm start wrote, whose
+      warm_start.json records its `testbed.warm_start_key` (`testbed.export_warm_start`); a key
+      that differs stops the run. Why: 2,000 SFT steps end in different weights on CPUs of
+      another kind (AVX2 against AVX-512), and the step-0 gates read those weights, so a testbed
+      whose every machine must play the same registered start ships it (testbed v3). "": train.
+    waive_gates: step-0 gates (`testbed_arms.GATE_NAMES`) the committed start is registered to
+      fail and to play all the same, each by name under a dated amendment (docs/dpa_grpo.md);
+      the testbed waives them as `--waive_gates` does (printed with the gates and in the report,
+      part of the work directory's stamp). Testbed v3: ("fix",).
   """
 
   steps: int = 300
@@ -412,6 +422,8 @@ class WarmStartConfig:
   decide_style: str = "oracle"
   decide_keep: float = 0.0
   cache_dir: str = ""
+  from_dir: str = ""
+  waive_gates: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.decide_style not in ("oracle", "habit"):
@@ -516,13 +528,17 @@ class ExperimentConfig:
 
   def to_dict(self) -> dict[str, Any]:
     """The resolved config as plain JSON-able values (what `config.json` holds). The keys added
-    for testbed v3 (`V3_BASELINE_DEFAULTS`) are left out at their defaults, so the run and work
-    directories written before them keep their config (a rerun there is not a config change);
+    for testbed v3 (`V3_BASELINE_DEFAULTS`, `warm_start.from_dir` / `waive_gates`) are left out at their
+    defaults, so the run and work directories written before them keep their config (a rerun
+    there is not a config change);
     `from_dict` reads them back as the defaults."""
     values = dataclasses.asdict(self)
     for key, default in V3_BASELINE_DEFAULTS.items():
       if values["baseline"][key] == default:
         del values["baseline"][key]
+    for key in ("from_dir", "waive_gates"):
+      if not values["warm_start"][key]:
+        del values["warm_start"][key]
     return values
 
   def for_method(self, method: str, checkpoint: str = "") -> ExperimentConfig:

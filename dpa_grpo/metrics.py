@@ -77,6 +77,7 @@ DECISION_RATES = {
   "revise_given_sac_right": "P(REVISE | SAC, draft right)",
   "revise_given_fixable": "P(REVISE | SAC, draft wrong, revision right)",
   "ns_given_right": "P(NS | draft right)",
+  "sac_given_wrong": "P(SAC | draft wrong)",
   "z_right_given_sac_wrong": "P(z right | SAC, draft wrong)",
   "revision_success": "P(z right | REVISE, draft wrong)",
 }
@@ -97,6 +98,7 @@ def decision_rates(records: Sequence[dict[str, Any]], lines: Sequence[str] | Non
     "revise_given_sac_right": proportion([revise(r) for r in chosen if r["x_right"]]),
     "revise_given_fixable": proportion([revise(r) for r in wrong if r["z_right"]]),
     "ns_given_right": proportion([r["verifier_action"] == "NS" for r in rs if r["x_right"]]),
+    "sac_given_wrong": proportion([r["verifier_action"] == "SAC" for r in rs if not r["x_right"]]),
     "z_right_given_sac_wrong": proportion([bool(r["z_right"]) for r in sac_wrong]),
     "revision_success": proportion([bool(r["z_right"]) for r in wrong if revise(r)]),
   }

@@ -4,7 +4,8 @@
 preset of configs/dpa_grpo.py (copy-and-check cases, `dpa_grpo.envs.copycheck`):
 
   warm_start/<key>/  one supervised warm start per warm-start-relevant config (`warm_start_key`),
-                     shared by every arm and seed and by reruns;
+                     shared by every arm and seed and by reruns; or the committed one that
+                     `warm_start.from_dir` names (testbed v3), checked against the key;
   gates.json         a step-0 play of a separate validation draw (never the test split) with the
                      warm-started roles at the training temperature: P(x right) per line, the
                      verifier's SAC rate on wrong and on right drafts, P(z right | x wrong). A
@@ -20,10 +21,12 @@ Every stage resumes, and every run directory follows `allow_config_change` as th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +52,7 @@ from dpa_grpo.testbed_arms import (  # noqa: F401  (re-exported: callers read th
   format_gates,
   gate_failures,
   is_v2,
+  is_v3,
   judge_gates,
   judged,
   run_dir,
@@ -91,7 +95,8 @@ def warm_start_key(config: config_lib.ExperimentConfig) -> str:
   the prompts' wording): equal keys share one warm-start directory."""
   d = config.to_dict()
   parts = {k: d[k] for k in ("model", "data", "warm_start", "mesh")}
-  parts["warm_start"] = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}  # where, not what
+  where = ("cache_dir", "from_dir", "waive_gates")  # where the start lives and how it is judged
+  parts["warm_start"] = {k: v for k, v in d["warm_start"].items() if k not in where}
   for key, default in _WARM_START_V2_DEFAULTS.items():  # v1's keys stay as they were before v2's fields
     if parts["warm_start"].get(key) == default:
       del parts["warm_start"][key]
@@ -102,9 +107,69 @@ def warm_start_key(config: config_lib.ExperimentConfig) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WARM_START_FILES = (  # what a committed warm start holds (`export_warm_start`)
+  "config.json",
+  "generation_config.json",
+  "model.safetensors",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "chat_template.jinja",
+  "warm_start.json",
+)
+
+
+def committed_warm_start(config: config_lib.ExperimentConfig) -> str:
+  """The absolute directory of `warm_start.from_dir` (repository-relative unless absolute), after
+  checking that its warm_start.json records this config's `warm_start_key`: a committed start
+  stands for one recipe, so a changed prompt, knob or model stops here, naming the file, instead
+  of playing weights trained for something else."""
+  path = os.path.join(REPO_ROOT, os.path.expanduser(config.warm_start.from_dir))
+  record = os.path.join(path, "warm_start.json")
+  if not os.path.exists(record):
+    raise FileNotFoundError(f"warm_start.from_dir: {record} does not exist")
+  recorded, key = rundir.read_json(record).get("key"), warm_start_key(config)
+  if recorded != key:
+    raise ValueError(
+      f"warm_start.from_dir: {record} records warm-start key {recorded!r}, this config's is {key!r} "
+      "(the recipe, model, data or a prompt's wording changed since it was committed); retrain it "
+      "with warm_start.from_dir='' and commit it again with testbed.export_warm_start"
+    )
+  return path
+
+
+def export_warm_start(config: config_lib.ExperimentConfig, checkpoint: str, dest: str) -> str:
+  """Copies the warm start `checkpoint` (trained by `config` with `from_dir` empty) to `dest`, its
+  warm_start.json extended with the `warm_start_key` that `committed_warm_start` checks; returns
+  `dest`. The tokenizer's sentencepiece-free files only: `lm.tokenizer` loads them."""
+  os.makedirs(dest, exist_ok=True)
+  for name in _WARM_START_FILES:
+    if name != "warm_start.json":
+      shutil.copy(os.path.join(checkpoint, name), os.path.join(dest, name))
+  record = rundir.read_json(os.path.join(checkpoint, "warm_start.json"))
+  record["key"] = warm_start_key(config)
+  rundir.write_json(os.path.join(dest, "warm_start.json"), record)
+  return dest
+
+
+def select_warm_start(config: config_lib.ExperimentConfig, workdir: str, dest: str) -> str:
+  """Trains `config`'s warm start (never its committed one), plays its step-0 gates into `workdir`
+  and, only when every gate passes, exports it to `dest` (`export_warm_start`); a failed gate
+  raises `GateError` and exports nothing. How testbed v3's committed start was chosen: this, for
+  warm_start.seed 0, 1, 2, ... until one passed (docs/dpa_grpo.md, "Testbed v3")."""
+  config = dataclasses.replace(config, warm_start=dataclasses.replace(config.warm_start, from_dir=""))
+  rundir.prepare_workdir(workdir, {"experiment": config.to_dict(), "select_warm_start": dest})
+  checkpoint = ensure_warm_start(config, workdir)
+  gates(config, checkpoint, workdir)
+  return export_warm_start(config, checkpoint, dest)
+
+
 def ensure_warm_start(config: config_lib.ExperimentConfig, workdir: str) -> str:
-  """The warm-started checkpoint directory of `config`, trained once per `warm_start_key` into
-  `warm_start.cache_dir` (or `<workdir>/warm_start/` when that is empty) and reused after."""
+  """The warm-started checkpoint directory of `config`: the committed one of `warm_start.from_dir`
+  (`committed_warm_start`), or trained once per `warm_start_key` into `warm_start.cache_dir` (or
+  `<workdir>/warm_start/` when that is empty) and reused after."""
+  if config.warm_start.from_dir:
+    return committed_warm_start(config)
   train_cases, _ = setup.load_data(config.data)
   base = config.warm_start.cache_dir or os.path.join(workdir, "warm_start")
   target = os.path.join(os.path.expanduser(base), warm_start_key(config))
@@ -234,7 +299,9 @@ def run(
   resumed for this config, arms and seeds (`lm.rundir.prepare_workdir`), as is each run in it.
   `arms` / `seeds` None: the testbed's own (`default_arms`; v1 `SEEDS`, v2 `V2_SEEDS`).
   `other_warm_start`: another warm start's testbed workdir for the report's ODE section.
-  `waive_gates`: see `gates`; part of the work directory's stamp, so a rerun cannot drop it."""
+  `waive_gates`: see `gates`, with the committed start's registered ones (`warm_start.waive_gates`);
+  part of the work directory's stamp, so a rerun cannot drop it."""
+  waive_gates = tuple(sorted(set(waive_gates) | set(config.warm_start.waive_gates)))
   arms = default_arms(config) if arms is None else tuple(arms)
   seeds = (V2_SEEDS if is_v2(config) else SEEDS) if seeds is None else tuple(seeds)
   unknown = sorted(set(arms) - set(ALL_ARMS))

@@ -28,10 +28,10 @@ GATE_FIX = (0.2, 0.6)  # P(z right | x wrong) after a SAC
 GATE_V2_ON_POOL = 0.8  # lower bound: share of wrong revisions (SAC'd wrong drafts) on the answer pool
 GATE_V2_KEEP_FIXABLE = (0.2, 0.8)  # greedy KEEP rate on SAC'd wrong drafts with a right revision
 GATE_V2_MIN_FIXABLE = 10  # at least this many such units in the greedy play
-# Testbed v3's validity gate on a finished run (not registered; `testbed_report.v3_format_gate`):
+# Testbed v3's validity gate on a finished run (registered with v3's rows; `testbed_report.v3_format_gate`):
 # the share of its training-rollout verdicts that parse in the last fifth of its steps, the
-# quantity of the F1k3 / F2k3 rows (`testbed_report.training_health`), must reach this bound, or
-# the run's comparison measures a verifier that has left the verdict format, not the method.
+# quantity of the F rows (`testbed_report.training_health`), must reach this bound, or the run's
+# comparison measures a verifier that has left the verdict format, not the method.
 GATE_V3_FORMAT = 0.9
 
 
@@ -121,12 +121,14 @@ V2_ABLATION_ARMS = {
   for a in V2_ARMS.values()
 }
 V2_SEEDS = tuple(range(9))
-# Testbed v3 (code; not registered, not run): the paired counterfactual design of the DPA arms
-# against GRPO that trains the verifier as well, with plain group advantages on its own sampled
-# verdicts (`config.BaselineConfig.train_verifier`). Budget: G = `baseline.verifier_group_size`
-# = 2 sampled verdicts per unit, each a trained verifier sequence — the DPA arms train 2 per unit
-# too (the fixed NS and SAC strings), though a sampled SAC is longer (its Claim/Argument/Evidence).
-# The generator trains as in the `grpo` arm (groups of `rollout.group_size` drafts).
+# Testbed v3 (`is_v3`, the `testbed_v3` preset: v2 with the collapse's fix in the preset; registered
+# in docs/dpa_grpo.md, "Testbed v3: predictions", before any v3 arm ran): v2's two arms, the paper's
+# generator-only GRPO (verifier frozen), and GRPO that trains the verifier as well, with plain group
+# advantages on its own sampled verdicts (`config.BaselineConfig.train_verifier`). Budget: G =
+# `baseline.verifier_group_size` = 2 sampled verdicts per unit, each a trained verifier sequence —
+# the DPA arms train 2 per unit too (the fixed NS and SAC strings), though a sampled SAC is longer
+# (its Claim/Argument/Evidence). The generator trains as in the `grpo` arm (groups of
+# `rollout.group_size` drafts).
 V3_ARMS = {
   a.name: a
   for a in (
@@ -138,16 +140,25 @@ V3_ARMS = {
     ),
   )
 }
+V3_DEFAULT_ARMS = ("dpa_paper", "proposal_only", "grpo", "grpo_verifier")
 ALL_ARMS = {**ARMS, **V2_ARMS, **V2_K3_ARMS, **V2_ABLATION_ARMS, **V3_ARMS}
 
 
 def is_v2(config: config_lib.ExperimentConfig) -> bool:
-  """Whether `config` is testbed v2 (the `testbed_v2` preset): its warm start's decision examples
-  are the "habit" style."""
+  """Whether `config` is testbed v2 or v3 (the `testbed_v2` / `testbed_v3` presets): its warm
+  start's decision examples are the "habit" style. v3 is v2 with other arms and the fix."""
   return config.warm_start.decide_style == "habit"
 
 
+def is_v3(config: config_lib.ExperimentConfig) -> bool:
+  """Whether `config` is testbed v3 (the `testbed_v3` preset): v2 whose preset trains the
+  reference's pair stubs (the collapse ablations' fix), not an ablation arm on v2."""
+  return is_v2(config) and config.loss.pair_actions == "reference_stub"
+
+
 def default_arms(config: config_lib.ExperimentConfig) -> tuple[str, ...]:
+  if is_v3(config):
+    return V3_DEFAULT_ARMS
   return tuple(V2_ARMS if is_v2(config) else ARMS)
 
 

@@ -139,6 +139,54 @@ V2_FORMAT_PREDICTIONS = {
   ),
 }  # fmt: skip
 
+# Testbed v3 (docs/dpa_grpo.md, "Testbed v3: predictions", registered before any v3 arm ran). v2's
+# rows re-stated where v2's wording made them empty: with the format kept, the drafts of the copy
+# lines are all right by step 60 in most seeds (v2 with the fix, a5: 7 of 9 seeds had no SAC'd
+# wrong draft at the final evaluation) and P(NS | draft right) starts at 1.00, so a rate read at the
+# final evaluation alone has no unit or no room. The "pooled" quantities read every evaluation after
+# step 0 (steps 15-60) together: a decision rate over their units pooled, the gain of revision as
+# the mean over them; "change" is then pooled − step 0. Every row counts only the seeds whose runs
+# of its arms all pass the validity gate (`testbed_arms.GATE_V3_FORMAT`; an arm whose verifier is
+# not trained has none), and still needs nine such seeds for a verdict.
+V3_PREDICTIONS = (
+  ("R1", "P(REVISE | SAC, draft wrong), pooled after step 0, rises more under DPA-GRPO than under the "
+   "proposal-only ablation", "did", ("dpa_paper", "proposal_only"), ("pooled", "revise_given_sac_wrong"),
+   "up"),
+  ("R2", "P(REVISE | SAC, draft right), pooled after step 0, does not rise under DPA-GRPO", "change",
+   ("dpa_paper",), ("pooled", "revise_given_sac_right"), "not up"),
+  ("R3", "P(z right | SAC, draft wrong), pooled after step 0, rises more under DPA-GRPO than under the "
+   "ablation", "did", ("dpa_paper", "proposal_only"), ("pooled", "z_right_given_sac_wrong"), "up"),
+  ("R4", "P(SAC | draft wrong), pooled after step 0, rises under DPA-GRPO", "change", ("dpa_paper",),
+   ("pooled", "sac_given_wrong"), "up"),
+  ("R5", "what revision adds (post-revision − draft accuracy), mean over the evaluations after step 0, "
+   "is larger under DPA-GRPO than under the ablation", "versus", ("dpa_paper", "proposal_only"),
+   ("pooled_gain",), "up"),
+  ("R6", "DPA-GRPO's final post-revision accuracy exceeds the ablation's", "versus",
+   ("dpa_paper", "proposal_only"), ("accuracy",), "up"),
+  ("V1", "DPA-GRPO's final post-revision accuracy exceeds generator-only GRPO's (verifier frozen; "
+   "its draft's)", "versus", ("dpa_paper", "grpo"), ("accuracy",), "up"),
+  ("V2", "DPA-GRPO's final post-revision accuracy exceeds that of GRPO training the verifier too",
+   "versus", ("dpa_paper", "grpo_verifier"), ("accuracy",), "up"),
+  ("V3", "P(SAC | draft wrong), pooled after step 0, rises more under DPA-GRPO than under GRPO "
+   "training the verifier too", "did", ("dpa_paper", "grpo_verifier"), ("pooled", "sac_given_wrong"), "up"),
+  ("V4", "P(REVISE | SAC, draft wrong), pooled after step 0, rises more under DPA-GRPO than under GRPO "
+   "training the verifier too", "did", ("dpa_paper", "grpo_verifier"),
+   ("pooled", "revise_given_sac_wrong"), "up"),
+  ("C1", "line 12 (hidden coin) accuracy does not change (DPA-GRPO)", "change", ("dpa_paper",),
+   ("line", "12"), None),
+  ("C2", "line 12 (hidden coin) accuracy does not change (ablation)", "change", ("proposal_only",),
+   ("line", "12"), None),
+  ("C3", "line 12 (hidden coin) accuracy does not change (GRPO training the verifier too)", "change",
+   ("grpo_verifier",), ("line", "12"), None),
+)  # fmt: skip
+# The format rows, one per arm with a trained verifier: the validity gate's quantity as a row.
+V3_FORMAT_PREDICTIONS = (
+  ("F1", "verdicts still parse in the last fifth under DPA-GRPO: share − 0.9", "dpa_paper"),
+  ("F2", "verdicts still parse in the last fifth under the ablation: share − 0.9", "proposal_only"),
+  ("F3", "verdicts still parse in the last fifth under GRPO training the verifier: share − 0.9",
+   "grpo_verifier"),
+)  # fmt: skip
+
 
 SCREEN_SEEDS = 3  # the collapse ablations' screening (docs/dpa_grpo.md): seeds 0-2 before nine
 
@@ -203,7 +251,13 @@ def v2_difference(
 
   def value(arm: str, last: bool) -> float:
     evals, records = runs[arm][seed]
-    step = max(evals) if last else min(evals)
+    first, later = min(evals), [s for s in sorted(evals) if s != min(evals)]
+    if quantity[0] == "pooled":  # testbed v3: every evaluation after step 0, units pooled
+      units = [r for s in (later if last else [first]) for r in records.get(s, [])]
+      return metrics.decision_rates(units, V2_DECISION_LINES)[quantity[1]]["rate"]
+    if quantity[0] == "pooled_gain":  # the mean over those evaluations of the gain of revision
+      return float(np.mean([v2_value(evals[s], [], ("gain",)) for s in (later if last else [first])]))
+    step = max(evals) if last else first
     return v2_value(evals[step], records.get(step, []), quantity)
 
   change = lambda arm: value(arm, True) - value(arm, False)
@@ -454,11 +508,55 @@ def format_health(
   return head + md
 
 
-def _v2_predictions(
+def v3_validity(
   workdir: str, arms: Sequence[str], seeds: Sequence[int], summary: dict[str, Any]
+) -> tuple[dict[str, set[int]], list[str]]:
+  """Testbed v3's validity gate on every finished run (`v3_format_gate`): ({arm: seeds whose run
+  counts}, markdown lines; into `summary["validity"]`). A run whose verifier is not trained
+  (generator-only GRPO) plays no verdict in training and has no gate: it counts."""
+  valid: dict[str, set[int]] = {}
+  md = ["", f"Validity gate (testbed v3, `testbed_arms.GATE_V3_FORMAT`): share of the training verdicts "
+        f"that parse in the last fifth of the steps ≥ {testbed_arms.GATE_V3_FORMAT}; a run that fails it "
+        "is left out of every row that reads its arm:", "", "| arm | seed | share | counts |",
+        "|---|---|---|---|"]  # fmt: skip
+  for arm in arms:
+    for seed in seeds:
+      path = testbed_arms.run_dir(workdir, arm, seed)
+      if not os.path.exists(os.path.join(path, "summary.json")):
+        continue
+      gate = v3_format_gate(path)
+      if gate is None or gate["passes"]:
+        valid.setdefault(arm, set()).add(seed)
+      summary.setdefault("validity", {}).setdefault(arm, {})[seed] = gate
+      share = "no trained verifier" if gate is None else f"{gate['share']:.3f}"
+      md.append(f"| {arm} | {seed} | {share} | {'yes' if gate is None or gate['passes'] else '**no**'} |")
+  return valid, md
+
+
+def v3_tested(finished: int, counted: int, defined: int) -> str:
+  """Whether a v3 row's claim is tested, and why not: it is when nine seeds ran, passed the
+  validity gate and had the row's condition (`defined`); the main job's three seeds, a run that
+  left the format or an empty condition each leave it untested, said in those words."""
+  need = ACROSS_SEEDS_NEEDED
+  if defined >= need:
+    return "tested"
+  if finished < need:
+    return f"not tested: {finished} of {need} seeds ran"
+  if counted < need:
+    return f"not tested: {need - counted} of {need} seeds failed the validity gate"
+  return f"not tested: the condition had no unit in {need - defined} of {need} seeds"
+
+
+def _v2_predictions(
+  workdir: str,
+  arms: Sequence[str],
+  seeds: Sequence[int],
+  summary: dict[str, Any],
+  v3: bool = False,
 ) -> list[str]:
   """Testbed v2's conditional decision rates per arm and seed (step 0 → final, Wilson 95%), and its
-  registered predictions and controls by the across-seed rule (markdown lines; into `summary`)."""
+  registered predictions and controls by the across-seed rule (markdown lines; into `summary`).
+  `v3`: testbed v3's too (`V3_PREDICTIONS`), every row on the seeds that pass its validity gate."""
   runs: dict[str, dict[int, tuple[dict, dict]]] = {}
   md = ["", f"Conditional decision rates on the copy lines {V2_DECISION_LINES} (greedy test play, "
         "Wilson 95%), step 0 → final:", "", "| arm | seed | " + " | ".join(metrics.DECISION_RATES.values())
@@ -471,6 +569,8 @@ def _v2_predictions(
       if not evals:
         continue
       runs.setdefault(arm, {})[seed] = (evals, records)
+      if not any("verifier_action" in r for units in records.values() for r in units):
+        continue  # generator-only GRPO's evaluation scores drafts; it plays no verdict or decision
       first, last = (
         metrics.decision_rates(records.get(s, []), V2_DECISION_LINES) for s in (min(evals), max(evals))
       )
@@ -482,31 +582,52 @@ def _v2_predictions(
       )
   md += [
     "",
-    f"Registered predictions (docs/dpa_grpo.md, Testbed v2), across-seed rule ({ACROSS_SEEDS_NEEDED} seeds; "
+    f"Registered predictions (docs/dpa_grpo.md, Testbed v{3 if v3 else 2}), across-seed rule "
+    f"({ACROSS_SEEDS_NEEDED} seeds{' that pass the validity gate' if v3 else ''}; "
     f"'not up' held when the upper bound <= {NO_RISE_MARGIN}); a seed whose rate has no unit is left out:",
     "",
-    "| id | prediction or control | seeds | mean difference [95% t] | verdict |",
-    "|---|---|---|---|---|",
+    "| id | prediction or control | seeds | mean difference [95% t] | verdict |"
+    + (" tested? |" if v3 else ""),
+    "|---|---|---|---|---|" + ("---|" if v3 else ""),
   ]
   rows = [r for pair, suffix in V2_PAIRS.items() if set(pair) & set(arms) for r in _pair_rows(pair, suffix)]
+  valid, validity_md = v3_validity(workdir, arms, seeds, summary) if v3 else ({}, [])
+  if v3:  # v3's own rows in place of v2's
+    rows = [r for r in V3_PREDICTIONS if set(r[3]) <= set(arms)]
   for pid, text, kind, pair, quantity, direction in rows:
-    diffs, ran = [], []
+    diffs, ran, finished, counted = [], [], 0, 0
     for seed in seeds:
+      finished += all(seed in runs.get(a, {}) for a in pair)
+      if v3 and not all(seed in valid.get(a, ()) for a in pair):
+        continue
       try:
         d = v2_difference(runs, kind, pair, quantity, seed)
       except KeyError:
         continue
+      counted += 1
       if np.isfinite(d):
         diffs.append(d)
         ran.append(seed)
-    md.append(_judged_row(summary, pid, text, ran, diffs, direction))
+    line = _judged_row(summary, pid, text, ran, diffs, direction)
+    if v3:
+      summary["predictions"][pid]["tested"] = tested = v3_tested(finished, counted, len(diffs))
+      line += f" {tested} |"
+    md.append(line)
   health = summary.get("training_health", {})
-  for pair, suffix in V2_PAIRS.items():
+  for pair, suffix in V2_PAIRS.items() if not v3 else ():
     for pid, text, arm in V2_FORMAT_PREDICTIONS.get(suffix, ()) if set(pair) & set(arms) else ():
       by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
       ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
       md.append(_judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up", screen=True))
-  return md
+  for pid, text, arm in V3_FORMAT_PREDICTIONS if v3 else ():
+    if arm in arms:
+      by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
+      ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
+      tested = v3_tested(len(by_seed), len(by_seed), len(ran))
+      summary_line = _judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up")
+      summary["predictions"][pid]["tested"] = tested
+      md.append(f"{summary_line} {tested} |")
+  return validity_md + md
 
 
 def _judged_row(
@@ -578,7 +699,7 @@ def write(
     md.append(f"| {arm} | all | | {_spread(finals)} | | | |")
   health = format_health(workdir, arms, seeds, summary)  # before the v2 rows: F1k3 / F2k3 read it
   if testbed_arms.is_v2(config):
-    md += _v2_predictions(workdir, arms, seeds, summary)
+    md += _v2_predictions(workdir, arms, seeds, summary, v3=testbed_arms.is_v3(config))
   else:
     md += _v1_predictions(runs, seeds, summary)
   md += health

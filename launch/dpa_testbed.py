@@ -48,6 +48,15 @@ _WAIVE = flags.DEFINE_list(
 )
 
 
+_EXPORT = flags.DEFINE_string(
+  "export_warm_start",
+  "",
+  "Instead of the arms: train the preset's warm start (never a committed one), play its step-0 "
+  "gates into --workdir and, if every gate passes, write it to this directory for "
+  "warm_start.from_dir (how testbed v3's was chosen: docs/dpa_grpo.md, 'Testbed v3').",
+)
+
+
 def typed_config(config) -> ExperimentConfig:
   """The typed config of this launcher (lm-sweep checks every point with it)."""
   return ExperimentConfig.from_dict(config.to_dict())
@@ -71,6 +80,10 @@ def main(argv):
     common.fail(f"--seeds must be integers, got {_SEEDS.value}")
   sharding.initialize_distributed()
   workdir = common.WORKDIR.value
+  if _EXPORT.value:
+    with common.work(f"warm start and its gates into {workdir}, then {_EXPORT.value}"):
+      testbed.select_warm_start(config, workdir, _EXPORT.value)
+    return
   with common.work(f"testbed into {workdir}"):
     testbed.run(
       config,

@@ -3,9 +3,12 @@
   python -m launch.main --workdir=runs/main
 
 In order, each into its own sub-directory of --workdir, each resumable on its own:
-  dpa_testbed/         the DPA-GRPO copy-and-check testbed (launch/dpa_testbed.py: warm start, step-0
-                       gates, four arms x three seeds, pre-registered predictions, the ODE out of
-                       sample) and, in dpa_testbed/theory/, the theory figures (launch/theory.py);
+  dpa_testbed/         the DPA-GRPO copy-and-check testbed v3 (launch/dpa_testbed.py, preset
+                       testbed_v3: the committed warm start, step-0 gates, four arms x three seeds of
+                       60 steps, the registered rows each labelled tested or not and why, the ODE
+                       out of sample) and, in dpa_testbed/theory/, the theory figures
+                       (launch/theory.py). Nine seeds, the registered run, is --dpa_seeds=0,...,8;
+                       v1's testbed stays: --dpa_config=configs/dpa_grpo.py:testbed;
   kace_testbed/        the KACE latent-convention testbed (launch/kace_testbed.py: solver gates, every
                        method x three seeds, pre-registered predictions);
 then report.md: the machine, the commit, each part's wall time and its report with its figures.
@@ -33,19 +36,26 @@ from lm import progress, rundir
 # them takes 5-10 s on 2 cores.
 
 PARTS = ("dpa_grpo", "kace")
-_DPA = common.define_config("dpa_config", "configs/dpa_grpo.py:testbed")
+_DPA = common.define_config("dpa_config", "configs/dpa_grpo.py:testbed_v3")
 _KACE = common.define_config("kace_config", "configs/kace.py:testbed")
 _THEORY = common.define_config("theory_config", "configs/theory.py")
 common.define_workdir()
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {list(PARTS)}.")
+_DPA_SEEDS = flags.DEFINE_list(
+  "dpa_seeds",
+  ["0", "1", "2"],
+  "Seeds of every DPA-GRPO testbed arm. Three keep the job to about an hour on 2 cores; the "
+  "registered rows need nine (0-8), so with three each row is labelled 'not tested'.",
+)
 
 # What each part does and how long it takes on a 2-core CPU machine (docs/results/2026-12-01-main-job.md:
-# the whole job 50.6 min from empty caches, DPA-GRPO 12.0 of them; 2-core AMD EPYC with AVX2, load 2-5).
+# the whole job 50.6 min from empty caches with v1's DPA-GRPO part; 2-core AMD EPYC with AVX2, load
+# 2-5). The v3 part's estimate is 12 runs at the 3-4 min a 60-step run of v2 took on that machine.
 PLAN = {
   "dpa_grpo": (
-    "theory figures; warm start (built once into ~/.cache/dpa_grpo/, a few minutes); step-0 "
-    "gates; four arms x three seeds; the report",
-    "about 12 min with the warm start built from scratch",
+    "theory figures; testbed v3 from its committed warm start; step-0 gates; four arms x three "
+    "seeds of 60 steps; the report",
+    "about 45 min (estimated: 12 runs of 3-4 min)",
   ),
   "kace": (
     "solver build (once into ~/.cache/kace/, 11-17 min); solver gates; every method x three "
@@ -66,7 +76,8 @@ def _run_dpa(workdir: str, configs: dict, allow_config_change: bool) -> str:
   rundir.prepare_workdir(theory_dir, theory, allow_changes=allow_config_change)
   if not os.path.exists(os.path.join(theory_dir, "theory.json")):  # written last by run_theory
     plots.run_theory(theory, theory_dir)
-  testbed.run(config, workdir, allow_config_change=allow_config_change)
+  seeds = tuple(int(s) for s in _DPA_SEEDS.value)
+  testbed.run(config, workdir, seeds=seeds, allow_config_change=allow_config_change)
   return os.path.join(workdir, "report.md")
 
 
@@ -160,6 +171,8 @@ def main(argv):
   workdir = common.WORKDIR.value
   print_plan(workdir, selected)
   configs = _typed_configs(selected)  # every check before any part runs
+  if not all(s.isdigit() for s in _DPA_SEEDS.value):
+    common.fail(f"--dpa_seeds must be non-negative integers, got {_DPA_SEEDS.value}")
 
   from lm import sharding
   from lm.gates import GateError

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs the project's main job on its built-in CPU default: both papers' CPU
-# testbeds into one report (python -m launch.main): the DPA-GRPO copy-and-check testbed (warm start,
-# step-0 gates, four arms x three seeds, pre-registered predictions, the ODE out of sample, the
-# theory figures) and the KACE latent-convention testbed (solver gates, every method x three seeds,
-# pre-registered predictions). The warm start and the solver are cached in ~/.cache; README says
+# testbeds into one report (python -m launch.main): the DPA-GRPO copy-and-check testbed v3 (its
+# committed warm start, step-0 gates, four arms x three seeds, the registered rows labelled tested
+# or not, the ODE out of sample, the theory figures) and the KACE latent-convention testbed (solver
+# gates, every method x three seeds, pre-registered predictions). The solver is cached in ~/.cache; README says
 # how long each part takes. Rerunning resumes. Extra arguments go to the launcher
 # (e.g. --parts=kace). The synthetic-forms reproduction of the earlier main job:
 # python -m launch.dpa_grpo --workdir=runs/dpa_grpo

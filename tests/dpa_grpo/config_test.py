@@ -39,7 +39,7 @@ def test_presets_parse_and_type(preset, size, method):
 
 @pytest.mark.parametrize("preset", ["gpu", "cpu_ppo", "qwen3_4b_x", "qwen3", "cpu_"])
 def test_unknown_preset_names_the_valid_ones(preset):
-  valid = "presets: cpu, tiny, qwen3_4b, qwen3_8b, testbed, testbed_v2, each also as <size>_<method>"
+  valid = "presets: cpu, tiny, qwen3_4b, qwen3_8b, testbed, testbed_v2, testbed_v3, each also as <size>_<m"
   with pytest.raises(ValueError, match=valid):
     dpa_config.get_config(preset)
 

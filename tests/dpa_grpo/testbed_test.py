@@ -173,6 +173,33 @@ def test_smoke_pipeline_runs_arms_resumes_and_refuses_a_changed_config(tmp_path,
 
 
 @pytest.mark.slow
+def test_a_warm_start_is_exported_for_from_dir_only_when_its_gates_pass(tmp_path, monkeypatch):
+  """`testbed.select_warm_start` (how testbed v3's committed start was chosen): a start whose gates
+  fail leaves nothing at the destination; one whose gates pass is written there with its key, and
+  a config naming it in `warm_start.from_dir` plays it without training (the gates themselves are
+  tested above and below; here they are stubbed, as in the test before)."""
+  from lm.gates import GateError
+
+  config, dest, workdir = _smoke_config(), tmp_path / "committed", str(tmp_path / "w")
+
+  def failing(*args, **kwargs):
+    raise GateError("step-0 gates failed (gates.json): stub")
+
+  monkeypatch.setattr(testbed, "gates", failing)
+  with pytest.raises(GateError):
+    testbed.select_warm_start(config, workdir, str(dest))
+  assert not dest.exists()
+  monkeypatch.setattr(testbed, "gates", lambda *a, **k: {"failed": []})
+  testbed.select_warm_start(config, workdir, str(dest))  # the same start, trained once
+  assert sorted(os.listdir(dest)) == sorted(testbed._WARM_START_FILES)
+  committed = dataclasses.replace(
+    config, warm_start=dataclasses.replace(config.warm_start, from_dir=str(dest))
+  )
+  assert testbed.ensure_warm_start(committed, str(tmp_path / "unused")) == str(dest)
+  assert not (tmp_path / "unused").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.integration
 def test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size(tmp_path):
   """`python -m launch.dpa_testbed --workdir=...` with smoke-size overrides: a 2-step warm start
@@ -450,3 +477,63 @@ def test_a_waived_gate_is_named_kept_and_printed_and_only_the_named_one_is_waive
   ]
   with pytest.raises(ValueError, match="unknown gate"):
     testbed.gates(None, "", "/nonexistent", waive=("decisions",))
+
+
+def _write_training_verdicts(workdir, arm, seed, valid_until=60):
+  """records/train.jsonl of a finished run whose training verdicts parse up to `valid_until`."""
+  path = testbed.run_dir(str(workdir), arm, seed)
+  train = [{"step": s, "verifier_valid": s <= valid_until, "decision": None} for s in range(1, 61)]
+  with open(os.path.join(path, "records", "train.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in train)
+  with open(os.path.join(path, "summary.json"), "w") as f:
+    f.write("{}")
+
+
+def test_v3_preset_committed_warm_start_and_rows_on_the_runs_that_keep_the_format(tmp_path):
+  """docs/dpa_grpo.md, "Testbed v3": the preset is v2 with the collapse's fix and four arms; its
+  committed warm start is the one its recipe trains (a changed knob stops, naming the field); a run
+  that leaves the verdict format is left out of every row that reads its arm, so that row has eight
+  seeds and no verdict, while the rows of the arms that kept it are judged."""
+  v2 = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v2").to_dict())
+  config = ExperimentConfig.from_dict(dpa_config.get_config("testbed_v3").to_dict())
+  assert testbed.is_v3(config) and not testbed.is_v3(v2) and testbed.is_v2(config)
+  assert testbed.default_arms(config) == ("dpa_paper", "proposal_only", "grpo", "grpo_verifier")
+  assert (config.loss.pair_actions, config.loss.invalid_penalty) == ("reference_stub", 0.0)
+  path = testbed.ensure_warm_start(config, str(tmp_path / "unused"))
+  assert os.path.exists(os.path.join(path, "model.safetensors")) and not os.path.exists(tmp_path / "unused")
+  other = dataclasses.replace(config, warm_start=dataclasses.replace(config.warm_start, decide_keep=0.4))
+  with pytest.raises(ValueError, match="warm_start.from_dir"):
+    testbed.ensure_warm_start(other, str(tmp_path))
+  assert "from_dir" not in v2.to_dict()["warm_start"]  # v2's run directories keep their stamp
+
+  seeds = tuple(range(9))
+  for seed in seeds:
+    _write_v2_run(tmp_path, "dpa_paper", seed, (3, 2, 0.70, 0.70), (7 + seed % 2, 2, 0.78, 0.74))
+    _write_v2_run(tmp_path, "proposal_only", seed, (3, 2, 0.70, 0.70), (3 - seed % 2, 2, 0.74, 0.74))
+    _write_v2_run(tmp_path, "grpo", seed, (3, 2, 0.70, 0.70), (3, 2, 0.76 - 0.01 * (seed % 2), 0.76))
+    _write_v2_run(tmp_path, "grpo_verifier", seed, (3, 2, 0.70, 0.70), (3, 2, 0.72, 0.72))
+    for arm in ("dpa_paper", "proposal_only", "grpo_verifier"):
+      _write_training_verdicts(
+        tmp_path, arm, seed, valid_until=30 if (arm, seed) == ("grpo_verifier", 4) else 60
+      )
+    grpo = testbed.run_dir(str(tmp_path), "grpo", seed)
+    with open(os.path.join(grpo, "summary.json"), "w") as f:
+      f.write("{}")  # generator-only GRPO: its verifier is frozen, it plays no verdict in training
+    with open(os.path.join(grpo, "records", "eval.jsonl"), "w") as f:  # and evaluates drafts only
+      f.writelines(json.dumps({"step": s, "line": "1a", "x_right": True}) + "\n" for s in (0, 60))
+  summary = testbed_report.write(str(tmp_path), config, testbed.default_arms(config), seeds)
+  p = summary["predictions"]
+  assert p["R1"]["across_seeds"]["verdict"] == "held" and len(p["R1"]["differences"]) == 9
+  assert p["V1"]["across_seeds"]["verdict"] == "held" and len(p["V1"]["differences"]) == 9  # grpo: no gate
+  assert p["V2"]["seeds"] == [0, 1, 2, 3, 5, 6, 7, 8]  # grpo_verifier's seed 4 left the format
+  assert p["V2"]["across_seeds"]["verdict"] == "inconclusive"  # eight seeds: no verdict
+  assert p["F3"]["across_seeds"]["verdict"] == "inconclusive" and p["F1"]["across_seeds"]["verdict"] == "held"
+  assert summary["validity"]["grpo_verifier"][4]["passes"] is False and summary["validity"]["grpo"][0] is None
+  report = (tmp_path / "report.md").read_text()
+  assert "Validity gate" in report and "| V4 |" in report and "F1₀" not in report
+  assert "grpo" not in summary["decision_rates"] and "| grpo | 0 | no trained verifier | yes |" in report
+  assert (
+    p["R1"]["tested"] == "tested" and p["V2"]["tested"] == "not tested: 1 of 9 seeds failed the validity gate"
+  )
+  three = testbed_report.write(str(tmp_path), config, testbed.default_arms(config), seeds[:3])
+  assert three["predictions"]["R1"]["tested"] == "not tested: 3 of 9 seeds ran"  # the main job's three

@@ -51,6 +51,7 @@ def test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates(tm
   command = [
     sys.executable, "-m", "launch.main", f"--workdir={run}", "--verbosity=-1",
     "--dpa_config.data.synthetic.n=12", "--dpa_config.warm_start.steps=2",
+    "--dpa_config.warm_start.from_dir=",  # train a 2-step start, not testbed v3's committed one
     f"--dpa_config.warm_start.cache_dir={cache}", "--dpa_config.train.steps=1",
     "--dpa_config.rollout.revisions=2",
     f"--kace_config.synthetic.cache_dir={cache}",
