@@ -451,7 +451,8 @@ def required_weights(preset: str, config: ml_collections.ConfigDict) -> dict[str
 
 def random_init(preset: str, config: ml_collections.ConfigDict) -> bool:
   """Whether the run starts from a small randomly initialised model (said in the first line): no
-  checkpoint and a model that is not a paper size (the tiny presets, or a paper preset's CPU smoke
-  run on `model.preset=tiny_qwen3`)."""
+  checkpoint, no committed warm start (`warm_start.from_dir`), and a model that is not a paper size
+  (the tiny presets, or a paper preset's CPU smoke run on `model.preset=tiny_qwen3`)."""
   del preset
-  return config.model.preset not in _HF_IDS and not config.model.checkpoint
+  committed = config.get("warm_start", {}).get("from_dir", "")  # testbed v3 loads its committed start
+  return config.model.preset not in _HF_IDS and not config.model.checkpoint and not committed

@@ -505,6 +505,9 @@ def test_v3_preset_committed_warm_start_and_rows_on_the_runs_that_keep_the_forma
   with pytest.raises(ValueError, match="warm_start.from_dir"):
     testbed.ensure_warm_start(other, str(tmp_path))
   assert "from_dir" not in v2.to_dict()["warm_start"]  # v2's run directories keep their stamp
+  # the launcher's first line: v2 trains its start from random weights here, v3 loads its committed one
+  assert dpa_config.random_init("testbed_v2", dpa_config.get_config("testbed_v2"))
+  assert not dpa_config.random_init("testbed_v3", dpa_config.get_config("testbed_v3"))
 
   seeds = tuple(range(9))
   for seed in seeds:
