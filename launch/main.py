@@ -50,12 +50,12 @@ _DPA_SEEDS = flags.DEFINE_list(
 
 # What each part does and how long it takes on a 2-core CPU machine (docs/results/2026-12-01-main-job.md:
 # the whole job 50.6 min from empty caches with v1's DPA-GRPO part; 2-core AMD EPYC with AVX2, load
-# 2-5). The v3 part: a seed of its four arms took 9-10 min on that machine kind (2026-12-04).
+# 2-5). The v3 part: 23.5 min (docs/results/2026-12-04-main-job-dpa-v3.md).
 PLAN = {
   "dpa_grpo": (
     "theory figures; testbed v3 from its committed warm start; step-0 gates; four arms x three "
     "seeds of 60 steps; the report",
-    "about 30 min (three seeds of four arms, 9-10 min a seed)",
+    "about 24 min (three seeds of four arms)",
   ),
   "kace": (
     "solver build (once into ~/.cache/kace/, 11-17 min); solver gates; every method x three "
