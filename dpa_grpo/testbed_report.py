@@ -616,18 +616,25 @@ def _v2_predictions(
   health = summary.get("training_health", {})
   for pair, suffix in V2_PAIRS.items() if not v3 else ():
     for pid, text, arm in V2_FORMAT_PREDICTIONS.get(suffix, ()) if set(pair) & set(arms) else ():
-      by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
-      ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
+      by_seed, ran = _format_differences(health, arm, seeds)
       md.append(_judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up", screen=True))
   for pid, text, arm in V3_FORMAT_PREDICTIONS if v3 else ():
     if arm in arms:
-      by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
-      ran = [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
+      by_seed, ran = _format_differences(health, arm, seeds)
       tested = v3_tested(len(by_seed), len(by_seed), len(ran))
       summary_line = _judged_row(summary, pid, text, ran, [by_seed[s] for s in ran], "up")
       summary["predictions"][pid]["tested"] = tested
       md.append(f"{summary_line} {tested} |")
   return validity_md + md
+
+
+def _format_differences(
+  health: dict[str, dict[int, list]], arm: str, seeds: Sequence[int]
+) -> tuple[dict[int, float], list[int]]:
+  """A format row's per-seed differences (last-fifth share of parsing verdicts − FORMAT_BOUND) of
+  every finished run of `arm`, and the seeds among `seeds` whose share is defined."""
+  by_seed = {s: fifths[-1]["valid_verdict"] - FORMAT_BOUND for s, fifths in health.get(arm, {}).items()}
+  return by_seed, [s for s in seeds if s in by_seed and np.isfinite(by_seed[s])]
 
 
 def _judged_row(
