@@ -233,12 +233,14 @@ def measure(
   make_args: Callable[[], tuple],
   *,
   trials: int = 3,
+  warmup: bool = True,
   memory_stats: Callable[[], dict | None] | None = None,
 ) -> dict[str, Any]:
-  """Runs a compiled program `trials` + 1 times (the first warms up) on fresh arguments
-  (`make_args()`, made outside the timing: a program may donate them) and measures, on the first
-  local device, its seconds (median) and its own peak memory: its arguments' bytes there plus
-  how far the device's peak bytes in use rose above what was in use before the first call.
+  """Runs a compiled program `trials` times, after one call that warms up unless `warmup` is False
+  (a program that runs for tens of seconds spends no measurable share of them starting), on fresh
+  arguments (`make_args()`, made outside the timing: a program may donate them) and measures, on
+  the first local device, its seconds (median) and its own peak memory: its arguments' bytes there
+  plus how far the device's peak bytes in use rose above what was in use before the first call.
 
   The device's peak is the process's peak so far, which cannot be reset; the rise over the bytes
   in use before the call is the program's own only when the call set a new peak. When it did not
@@ -250,7 +252,7 @@ def measure(
   device = jax.local_devices()[0]
   stats = memory_stats or device.memory_stats
   seconds, before, args_bytes = [], None, 0
-  for i in range(trials + 1):
+  for i in range(trials + int(warmup)):
     args = make_args()
     jax.block_until_ready(args)
     if i == 0:
@@ -260,12 +262,13 @@ def measure(
     seconds.append(time.perf_counter() - start)
     del args
   after = stats() or {}
+  timed = seconds[int(warmup) :]
   out: dict[str, Any] = {
-    "seconds": float(np.median(seconds[1:])),
-    "seconds_all": seconds[1:],
+    "seconds": float(np.median(timed)),
+    "seconds_all": timed,
     "argument_bytes": args_bytes,
-    "source": "measured (seconds: median after a warm-up call; peak: arguments + the rise of the "
-    "device's peak bytes in use over the bytes in use before the first call)",
+    "source": f"measured (seconds: median of {trials}{' after a warm-up call' if warmup else ''}; peak: "
+    "arguments + the rise of the device's peak bytes in use over the bytes in use before the first call)",
   }
   if "peak_bytes_in_use" not in after or "bytes_in_use" not in before:
     out["peak_bytes"], out["peak_note"] = None, "this backend reports no memory in use"
@@ -334,22 +337,35 @@ def check(inputs: str, out_path: str, *, cpu: bool, rows: PlannedRows | None = N
     "python": platform.python_version(),
     "config": dataclasses.asdict(cfg),
   }
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+
+  def write() -> None:  # after every part: a run cut short by its time limit keeps what it measured
+    with open(out_path, "w") as f:
+      json.dump(record, f, indent=1, default=str)
+
+  record["ok"], record["why"] = False, "not finished"
   record["parity"] = _run_part("parity", lambda: _parity(inputs))
+  write()
   bandwidth = _run_part("memory", lambda: {"bytes_per_s": measure_bandwidth(cfg.bandwidth_bytes)})
   record["memory"] = bandwidth
+  write()
+  # The planned rows before the decode measurement: they are what the check is for, and a row's
+  # peak is observable only when nothing earlier in the process peaked higher (`measure`).
+  planned = dict(rows(cpu)) if rows else {}
+  record["rows"] = {}
+  for name, row in planned.items():
+    record["rows"][name] = _run_part(name, row)
+    write()
   bw = bandwidth.get("bytes_per_s") or 1e9
   record["decode"] = _run_part("decode", lambda: _decode(cfg, bw))
-  planned = dict(rows(cpu)) if rows else {}
-  record["rows"] = {name: _run_part(name, row) for name, row in planned.items()}
   ran = all("error" not in record[p] for p in ("parity", "memory", "decode"))
   ran = ran and all("error" not in r for r in record["rows"].values())
   agreed = all(r.get("judgement", {}).get("ok") for r in record["rows"].values())
   record["ok"] = bool(ran and record["parity"].get("ok") and agreed and (planned or cpu))
+  del record["why"]
   if not planned and not cpu:
     record["why"] = "no planned row for this device: the plan was not checked"
-  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  with open(out_path, "w") as f:
-    json.dump(record, f, indent=1, default=str)
+  write()
   return record
 
 

@@ -389,14 +389,18 @@ def sampler_program(
   n: int,
   config: Any,
   resident: int = 0,
+  shaped: Any = None,
+  compiled: Any = None,
 ) -> ProgramPlan:
   """The sampler's prefill-and-decode program (`lm.sampler.shaped_programs`, the target's form)
   for a chunk of `rows` decode rows (`rows // n` prompts of `prompt_len` tokens, `n` samples each,
   `new_tokens` new tokens), as `lm.sampler.Sampler(model, mesh=mesh, config=config)` compiles it:
-  the weights in its decode layout, the shapes bucketed as its `generate` buckets them."""
+  the weights in its decode layout, the shapes bucketed as its `generate` buckets them. A caller
+  that runs the program (the device check) passes the `shaped` programs it built for those
+  arguments and their `compiled` program, which is then read, not compiled again."""
   from lm import sampler as sampler_lib
 
-  shaped = sampler_lib.shaped_programs(
+  shaped = shaped or sampler_lib.shaped_programs(
     model, mesh, rows=rows, prompt_len=prompt_len, new_tokens=new_tokens, n=n, config=config,
     platform=sampler_platform(target),
   )  # fmt: skip
@@ -434,6 +438,11 @@ def sampler_program(
       f"{outside:.2f} GiB (weights or activations, summed, not all live at once){note}"
     )
 
+  if compiled is not None:
+    return figures(
+      "sample", compiled, target, model=(flops, bytes_model), resident=resident, detail=detail,
+      describe=gathered,
+    )  # fmt: skip
   return compile_program(
     "sample", call.fn, call.args, call.kwargs, target, model=(flops, bytes_model), resident=resident,
     detail=detail, describe=gathered,

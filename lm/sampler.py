@@ -420,6 +420,8 @@ class ShapedSampler:
   head_bytes, copy_bytes: per device, what a `Sampler` keeps beside the model's own arrays between
     calls: the output head as its own [D, V] buffer (`Sampler.refresh`), and the weights again
     wherever the decode layout differs from the model's (the copy `sampling_split` makes).
+  host_inputs: the host arrays the programs' abstract inputs were built from (prompts of token 1,
+    temperature 1, seed 0), so that a device check can run the planned program itself.
   """
 
   programs: list[ShapedCall]
@@ -429,6 +431,7 @@ class ShapedSampler:
   weights: Any
   head_bytes: int
   copy_bytes: int
+  host_inputs: dict[str, np.ndarray]
 
   @property
   def held_bytes(self) -> int:
@@ -506,7 +509,7 @@ def shaped_programs(
         copied += _bytes(b)
   return ShapedSampler(
     programs=programs, prompts=host["tokens"].shape[0], prompt_len=host["tokens"].shape[1], steps=steps,
-    weights=state, head_bytes=_bytes(head_dv), copy_bytes=copied,
+    weights=state, head_bytes=_bytes(head_dv), copy_bytes=copied, host_inputs=host,
   )  # fmt: skip
 
 

@@ -17,11 +17,22 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 inputs="${DEVICE_CHECK_INPUTS:-device_check_inputs}"
 out="${OUT:-.}/device_check.json"
 mode="${1:-device}"
-# What `lm.model`, `lm.sampler` and `lm.hf` import beyond jax and numpy (python -X importtime
-# on the project's venv), by distribution name; binary ones are fetched for each Python a device
-# image may have.
-pure=(flax optax chex absl-py etils rich markdown-it-py mdurl pygments treescope typing_extensions ml_collections)
-binary=(msgpack pyyaml safetensors)
+# What `launch.device_check` imports beyond jax, numpy and what a GPU image carries anyway (python
+# -X importtime on the project's venv), by distribution name, at the versions the project is tested
+# with (constraints.txt): the code is written against these, so the device runs them too unless they
+# fail there with its own (newer) jax, in which case the image's own are used (`smoke` decides).
+pinned=(flax optax chex absl-py etils treescope ml_collections)
+# A tiny model's forward and gradient through flax, optax and the trainer's modules: what breaks
+# first when a package does not fit the device's jax.
+smoke='import jax, jax.numpy as jnp, optax
+from flax import nnx
+from lm.config import ModelConfig
+from lm.model import Qwen
+import ml_collections, dpa_grpo.step, dpa_grpo.plan, lm.sampler
+m = Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
+g = nnx.grad(lambda m, t: m(t).astype(jnp.float32).mean())(m, jnp.ones((1, 8), jnp.int32))
+optax.adamw(1e-3).init(nnx.state(m, nnx.Param))
+print("smoke ok: jax", jax.__version__, jax.devices()[0].device_kind)'
 
 case "$mode" in
   --cpu)
@@ -31,28 +42,31 @@ case "$mode" in
   --prepare)
     . scripts/setup_env.sh
     wheels="$inputs/wheels"
-    mkdir -p "$wheels"
-    pip download -q --no-deps -d "$wheels" "${pure[@]}"
-    for py in 3.10 3.11 3.12 3.13; do
-      pip download -q --no-deps --only-binary=:all: --python-version "$py" \
-        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$wheels" "${binary[@]}" || true
-    done
+    rm -rf "$wheels" && mkdir -p "$wheels"
+    pip download -q --no-deps -c constraints.txt -d "$wheels" "${pinned[@]}"
     du -sh "$inputs"
     ;;
   device)
     py="${PYTHON:-python3}"
-    site="$inputs/site"
-    missing=()
-    for mod in flax optax chex absl etils rich treescope ml_collections msgpack yaml safetensors; do
-      "$py" -c "import $mod" 2>/dev/null || missing+=("$mod")
-    done
-    if [ "${#missing[@]}" -gt 0 ]; then
-      echo "device check: not installed here: ${missing[*]}; installing from $inputs/wheels into $site"
-      "$py" -m pip install -q --no-index --no-deps --find-links "$inputs/wheels" --target "$site" \
-        "${pure[@]}" "${binary[@]}"
-      export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    site="${TMPDIR:-/tmp}/device_check_site"
+    if [ -d "$inputs/wheels" ]; then
+      "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site/pinned" "$inputs"/wheels/*.whl
+      if PYTHONPATH="$PWD:$site/pinned" "$py" -c "$smoke"; then
+        echo "device check: the project's pinned ${pinned[*]} with this machine's jax"
+        export PYTHONPATH="$site/pinned${PYTHONPATH:+:$PYTHONPATH}"
+      else
+        echo "device check: the pinned packages fail with this machine's jax; using the image's own"
+        for mod in ml_collections:ml_collections treescope:treescope etils:etils; do
+          "$py" -c "import ${mod%%:*}" 2>/dev/null || {
+            "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site/missing" \
+              "$inputs"/wheels/"${mod##*:}"-*.whl
+            export PYTHONPATH="$site/missing${PYTHONPATH:+:$PYTHONPATH}"
+          }
+        done
+        PYTHONPATH="$PWD:${PYTHONPATH:-}" "$py" -c "$smoke"
+      fi
     fi
-    timeout 540 "$py" -m launch.device_check check --out="$out"
+    timeout "${DEVICE_CHECK_SECONDS:-540}" "$py" -m launch.device_check check --out="$out"
     ;;
   *)
     echo "usage: bash scripts/device_check.sh [--cpu | --prepare]" >&2

@@ -1,6 +1,7 @@
-"""The device check with DPA-GRPO's planned row (`launch.device_check`, `dpa_grpo.device_check`) at
-toy sizes on the CPU: every part runs and the record holds the row's prediction beside its
-measurement; a device whose memory agrees with the plan passes, one that disagrees fails."""
+"""The device check with DPA-GRPO's planned rows (`launch.device_check`, `dpa_grpo.device_check`) at
+toy sizes on the CPU: every part runs and the record holds each row's prediction beside its
+measurement; a device whose memory agrees with the plan passes, one that disagrees fails; the plan's
+records are read for the configuration the row runs, or not at all."""
 
 import json
 import re
@@ -9,6 +10,7 @@ import pytest
 
 from dpa_grpo import device_check as dpa_device_check
 from launch import device_check as launcher
+from lm import plan as plan_lib
 
 
 def _device(extra: int):
@@ -32,3 +34,41 @@ def test_the_cpu_check_runs_the_planned_row_and_a_planted_mismatch_fails(tmp_pat
   assert agrees["judgement"]["ok"], agrees["judgement"]
   planted = dpa_device_check.accumulate_row(cpu=True, memory_stats=_device(2 * predicted), trials=1)
   assert not planted["judgement"]["ok"] and planted["judgement"]["memory"]["ok"] is False
+
+  sampler = record["rows"]["dpa_grpo sampler"]  # ran first: its peak is the smaller
+  assert list(record["rows"]) == ["dpa_grpo sampler", "dpa_grpo accumulate"]
+  assert re.match(r"8 prompts x n=1 compiled \(8 rows asked\), prompt 64, \d+ new tokens", sampler["program"])
+  assert sampler["measured"]["seconds"] > 0 and sampler["measured"]["argument_bytes"] > 0
+  predicted, arguments = sampler["predicted"]["peak_bytes"], sampler["measured"]["argument_bytes"]
+  agrees = dpa_device_check.sample_row(cpu=True, memory_stats=_device(predicted - arguments))
+  assert agrees["judgement"]["ok"], agrees["judgement"]
+  planted = dpa_device_check.sample_row(cpu=True, memory_stats=_device(1.2 * predicted))
+  assert planted["judgement"]["memory"]["ok"] is False and not planted["judgement"]["ok"]
+
+
+def test_the_plan_record_is_read_for_the_configuration_the_row_runs(tmp_path):
+  records = tmp_path / "plan.jsonl"
+  gib = plan_lib.GiB
+  programs = [
+    {"name": "accumulate", "peak": 100 * gib, "resident": 2 * gib},
+    {"name": "sample", "peak": 70 * gib, "resident": 1 * gib},
+  ]
+  record = {
+    "preset": "configs/dpa_grpo.py:qwen3_4b", "target": "h200x1", "programs": programs,
+    "overrides": {"train.pairs_per_chunk": 16, "loss.remat": "full", "sampler.max_rows": 64},
+    "tried": ["remat full, 32 pairs: peak 180.5 GiB", "sampler at 128 rows: peak 121.7 GiB"],
+  }  # fmt: skip
+  stale = {**record, "programs": [{**p, "peak": 1} for p in programs]}  # an older line: not read
+  records.write_text(json.dumps(stale) + "\n" + json.dumps(record) + "\n")
+
+  def peak(program, overrides, tried):
+    return dpa_device_check.recorded_peak("h200x1", program, overrides, tried, path=str(records))
+
+  acc = r"remat full, (?:16|32) pairs: peak ([\d.]+) GiB"
+  assert peak("accumulate", {"train.pairs_per_chunk": 16, "loss.remat": "full"}, acc) == 98 * gib
+  assert peak("accumulate", {"train.pairs_per_chunk": 32, "loss.remat": "full"}, acc) == 180.5 * gib - 2 * gib
+  assert peak("sample", {"sampler.max_rows": 64}, r"sampler at 64 rows: peak ([\d.]+) GiB") == 69 * gib
+  at_128 = peak("sample", {"sampler.max_rows": 128}, r"sampler at 128 rows: peak ([\d.]+) GiB")
+  assert at_128 == 121.7 * gib - gib
+  assert peak("sample", {"sampler.max_rows": 32}, r"sampler at 32 rows: peak ([\d.]+) GiB") is None
+  assert dpa_device_check.recorded_peak("h100x1", "sample", {}, "x", path=str(records)) is None
