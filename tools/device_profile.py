@@ -1,0 +1,163 @@
+"""Where the planned DPA-GRPO `accumulate` spends its time on this device, and whether the plan's
+memory figure moves with the compiler or with the compile being deviceless.
+
+Run on the accelerator after the device check (scripts/device_check.sh) says a row disagrees:
+
+  python -m tools.device_profile --out=$OUT                # on the device: writes profile.json,
+                                                           # accumulate.hlo.txt.gz
+  python -m tools.device_profile --out=/tmp/p --pairs=1    # CPU: the same code at the tiny preset
+
+Two parts, each recorded even when the other fails:
+  profile    the row's program at `--pairs` pairs a chunk (fewer rows than planned: the work per
+             token is the same, and the trace stays small), one call traced with jax.profiler after
+             a warm-up; the device's events summed by name (and by name with its ".N" suffix cut,
+             so every fusion of one kind adds up), the top ones with one event's arguments; the
+             compiled HLO text beside it, so a fusion's name can be read back to its operations.
+  deviceless the row at the planned pairs compiled for the target's topology description (as
+             `launch.plan` compiles it, but with this machine's jax), beside this device's own
+             compile: the two memory figures say whether the plan record's distance from the device
+             comes from the compiler's version or from compiling without the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+
+def _events(trace_dir: str) -> list[dict[str, Any]]:
+  (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz"))
+  with gzip.open(path) as f:
+    trace = json.load(f)
+  return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def summarize(events: list[dict[str, Any]], top: int = 40) -> dict[str, Any]:
+  """Device time by event name, on the processes whose name says they are a device (a GPU's or
+  TPU's streams; on a CPU, the host's XLA threads), as microseconds and shares of their sum."""
+  meta = [e for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
+  names = {e["pid"]: e["args"]["name"] for e in meta}
+  device = {pid for pid, n in names.items() if "/device:" in n} or set(names)
+  spans = [e for e in events if e.get("ph") == "X" and e.get("pid") in device]
+  spans = [e for e in spans if not e["name"].startswith("$")]  # Python frames, not device work
+  by_name: collections.Counter[str] = collections.Counter()
+  by_kind: collections.Counter[str] = collections.Counter()
+  example: dict[str, Any] = {}
+  for e in spans:
+    by_name[e["name"]] += e.get("dur", 0.0)
+    by_kind[re.sub(r"\.\d+$", "", e["name"])] += e.get("dur", 0.0)
+    example.setdefault(e["name"], e.get("args", {}))
+  total = sum(by_name.values()) or 1.0
+  return {
+    "device_processes": sorted(names[p] for p in device),
+    "events": len(spans),
+    "total_us": total,
+    "top_names": [
+      {"name": n, "us": us, "share": us / total, "args": example[n]} for n, us in by_name.most_common(top)
+    ],
+    "top_kinds": [{"kind": k, "us": us, "share": us / total} for k, us in by_kind.most_common(top)],
+  }
+
+
+def _profile(pairs: int, cpu: bool, out: str) -> dict[str, Any]:
+  import jax
+  import jax.numpy as jnp
+
+  from dpa_grpo import device_check as dpa_device_check
+  from dpa_grpo import plan as dpa_plan
+  from dpa_grpo import step
+
+  exp, target, length, name = dpa_device_check._planned(cpu)  # noqa: SLF001 -- the row's own config
+  exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, pairs_per_chunk=pairs))
+  su = dpa_plan.shaped_step(exp, target, length)
+  start = time.perf_counter()
+  compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
+  compile_s = time.perf_counter() - start
+  with gzip.open(os.path.join(out, "accumulate.hlo.txt.gz"), "wt") as f:
+    f.write(compiled.as_text())
+  grads, trainable, frozen, batch, key = su.accumulate_args
+  trainable, frozen = dpa_device_check._random_like(trainable, 1), dpa_device_check._random_like(frozen, 1000)  # noqa: SLF001
+  batch = {k: jax.device_put(v, batch[k].sharding) for k, v in su.chunk.items()}
+  key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
+
+  def call() -> float:
+    args = (jax.tree.map(jnp.zeros_like, trainable), trainable, frozen, batch, key)
+    jax.block_until_ready(args)
+    begin = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - begin
+
+  warm = call()
+  trace_dir = tempfile.mkdtemp()
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    traced = call()
+  return {
+    "row": f"configs/dpa_grpo.py:{name} accumulate at {pairs} pairs a chunk",
+    "program": su.detail,
+    "compile_s": compile_s,
+    "seconds_warm_up": warm,
+    "seconds_traced": traced,
+    "summary": summarize(_events(trace_dir)),
+    "source": "measured (jax.profiler trace of one call after a warm-up)",
+  }
+
+
+def _deviceless(cpu: bool) -> dict[str, Any]:
+  from dpa_grpo import device_check as dpa_device_check
+  from dpa_grpo import plan as dpa_plan
+  from lm import plan as plan_lib
+
+  exp, local, _, name = dpa_device_check._planned(cpu)  # noqa: SLF001
+  target = plan_lib.cpu_target(1, 16 * plan_lib.GiB) if cpu else plan_lib.TARGETS[local.name]
+  start = time.perf_counter()
+  (acc,) = dpa_plan.programs(exp, target, sample=False, train=True)[:1]
+  return {
+    "row": f"configs/dpa_grpo.py:{name} accumulate for {target.name}'s topology description",
+    "own_peak_bytes": acc.arguments + acc.outputs - acc.aliased + acc.temporaries,
+    "temporaries_bytes": acc.temporaries,
+    "compile_s": time.perf_counter() - start,
+    "source": "compile (deviceless, this machine's jax)",
+  }
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", required=True, help="folder for profile.json and accumulate.hlo.txt.gz")
+  parser.add_argument("--pairs", type=int, default=4, help="pairs a chunk of the profiled call")
+  parser.add_argument("--cpu", action="store_true", help="the tiny preset on the CPU (tests)")
+  parser.add_argument("--skip_deviceless", action="store_true")
+  args = parser.parse_args(argv)
+  from lm import memory
+
+  memory.set_gpu_fraction()
+  import jax
+
+  os.makedirs(args.out, exist_ok=True)
+  record: dict[str, Any] = {"jax": jax.__version__, "devices": [d.device_kind for d in jax.devices()]}
+  parts = {"profile": lambda: _profile(args.pairs, args.cpu, args.out)}
+  if not args.skip_deviceless:
+    parts["deviceless"] = lambda: _deviceless(args.cpu)
+  for part, fn in parts.items():
+    try:
+      record[part] = fn()
+    except Exception as e:  # noqa: BLE001 -- one part's failure keeps the other's record
+      record[part] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+    with open(os.path.join(args.out, "profile.json"), "w") as f:
+      json.dump(record, f, indent=1, default=str)
+    print(f"device profile: {part}: {json.dumps(record[part], default=str)[:3000]}", flush=True)
+  return 0 if all("error" not in record[p] for p in parts) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
