@@ -60,7 +60,13 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   # run directory.
   c.model = ml_collections.ConfigDict(
     dict(
-      preset="tiny_qwen3", checkpoint="", tokenizer="", tokenizer_vocab=1024, dtype="float32", overrides={}
+      preset="tiny_qwen3",
+      checkpoint="",
+      tokenizer="",
+      tokenizer_vocab=1024,
+      dtype="float32",
+      overrides={},
+      attention_impl="blockwise",  # or "cudnn" on GPUs (flash attention; "xla" anywhere)
     )
   )
   # Cases: TaxCalcBench at `root` (…/tax_calc_bench/ty24/test_data), else synthetic forms.

@@ -63,10 +63,16 @@ class ModelConfig:
   tokenizer_vocab: int = 1024
   dtype: str = "float32"
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # How sequences longer than the model's attention block attend (`lm.config.ModelConfig.attention_impl`):
+  # "blockwise" (every backend), "xla" or "cudnn" (GPUs: 5.3x the 4B step on an H200,
+  # docs/results/2026-12-04-device-check-h200.md). A checkpoint or a preset alike.
+  attention_impl: str = "blockwise"
 
   def __post_init__(self):
     if not self.checkpoint and self.tokenizer_vocab <= 0:
       raise ValueError(f"model.tokenizer_vocab must be > 0, got {self.tokenizer_vocab}")
+    if self.attention_impl not in ("blockwise", "xla", "cudnn"):
+      raise ValueError(f"model.attention_impl must be blockwise, xla or cudnn, got {self.attention_impl!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -528,11 +534,13 @@ class ExperimentConfig:
 
   def to_dict(self) -> dict[str, Any]:
     """The resolved config as plain JSON-able values (what `config.json` holds). The keys added
-    for testbed v3 (`V3_BASELINE_DEFAULTS`, `warm_start.from_dir` / `waive_gates`) are left out at their
-    defaults, so the run and work directories written before them keep their config (a rerun
-    there is not a config change);
-    `from_dict` reads them back as the defaults."""
+    for testbed v3 (`V3_BASELINE_DEFAULTS`, `warm_start.from_dir` / `waive_gates`) and
+    `model.attention_impl` are left out at their defaults, so the run and work directories (and
+    the warm-start keys) written before them keep their config (a rerun there is not a config
+    change); `from_dict` reads them back as the defaults."""
     values = dataclasses.asdict(self)
+    if values["model"]["attention_impl"] == "blockwise":
+      del values["model"]["attention_impl"]
     for key, default in V3_BASELINE_DEFAULTS.items():
       if values["baseline"][key] == default:
         del values["baseline"][key]

@@ -65,7 +65,7 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
   shard = sharding_lib.ShardingConfig()
   devices = plan_lib.target_devices(target)
   mesh = plan_lib.target_mesh(devices, exp.mesh)
-  overrides = dict(exp.model.overrides)
+  overrides = dict(exp.model.overrides, attention_impl=exp.model.attention_impl)
   model_cfg = ModelConfig.preset(exp.model.preset, **overrides)
   model = plan_lib.abstract_model(model_cfg, exp.model.dtype, mesh, shard)
   host_mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(1, 1, 1), jax.devices("cpu")[:1])

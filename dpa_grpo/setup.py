@@ -79,12 +79,15 @@ def load_model(
   """The backbone (an HF checkpoint, or a preset initialised from `seed`) on the mesh."""
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   if model_cfg.checkpoint:
-    model = hf.load_hf(model_cfg.checkpoint, dtype=model_cfg.dtype, mesh=mesh)
+    model = hf.load_hf(
+      model_cfg.checkpoint, dtype=model_cfg.dtype, mesh=mesh, attention_impl=model_cfg.attention_impl
+    )
   else:
     overrides = dict(model_cfg.overrides)
     overrides.setdefault("vocab_size", tokenizer.vocab_size)
     overrides.setdefault("eos_token_ids", tuple(tokenizer.eos_ids))
     overrides.setdefault("pad_token_id", tokenizer.pad_id)
+    overrides["attention_impl"] = model_cfg.attention_impl
     config = ModelConfig.preset(model_cfg.preset, **overrides)
     model = Qwen(config, rngs=nnx.Rngs(seed), param_dtype=jnp.dtype(model_cfg.dtype))
     sharding_lib.shard_model(model, mesh)

@@ -37,6 +37,14 @@ class ModelConfig:
       this many, an online softmax over key blocks of this many), so memory grows linearly with
       the length instead of with its square; shorter ones run the plain computation unchanged.
       Not a property of the checkpoint (not read from or written to config.json).
+    attention_impl: how a `CausalMask`'s attention (sequences longer than `attention_block`
+      starting at slot 0: training, scoring, a prefill from an empty cache) runs: "blockwise"
+      (`lm.model.blockwise_attention`, every backend), or `jax.nn.dot_product_attention` with
+      implementation "xla" or "cudnn" (the flash kernel; GPUs only) on rows whose real tokens are
+      one contiguous run (left or right padding; others fall back to blockwise inside the program).
+      On an H200, one layer of 8 x 4,096 tokens forward and backward: blockwise 0.237 s, "xla"
+      0.062, "cudnn" 0.010 (docs/results/2026-12-04-device-check-h200.md). Not a property of
+      the checkpoint.
     unroll_layers: a model of at most this many layers runs its layer loop unrolled in training
       and scoring (`lm.model.decoder_stack`); a deeper one scans over the stacked weights, so
       its compile time does not grow with depth (every Qwen preset: 28 layers and more). Unrolled,
@@ -63,6 +71,7 @@ class ModelConfig:
   eos_token_ids: tuple[int, ...] = (151_645, 151_643)
   pad_token_id: int | None = 151_643
   attention_block: int = 1024
+  attention_impl: str = "blockwise"
   unroll_layers: int = 8
 
   def __post_init__(self):
@@ -76,6 +85,8 @@ class ModelConfig:
       raise ValueError(f"model_type must be 'qwen2' or 'qwen3', got {self.model_type!r}")
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
+    if self.attention_impl not in ("blockwise", "xla", "cudnn"):
+      raise ValueError(f"attention_impl must be 'blockwise', 'xla' or 'cudnn', got {self.attention_impl!r}")
     if self.unroll_layers < 0:
       raise ValueError(f"unroll_layers must be >= 0, got {self.unroll_layers}")
 

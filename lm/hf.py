@@ -171,6 +171,7 @@ def load_hf(
   compute_dtype: str | None = None,
   mesh: jax.sharding.Mesh | None = None,
   sharding: sharding_lib.ShardingConfig | None = None,
+  attention_impl: str = "blockwise",
 ) -> Qwen:
   """Loads a Qwen2/Qwen3 HF checkpoint directory into a `Qwen` model.
 
@@ -181,6 +182,7 @@ def load_hf(
     mesh: if given, each parameter is created directly on its sharding: every device's shard is
       filled from one layer's tensor at a time, so the host never holds the whole model.
     sharding: partitioning rules (default `ShardingConfig()`).
+    attention_impl: `ModelConfig.attention_impl` (how long sequences attend; not of the checkpoint).
 
   Raises:
     ValueError: a tensor is missing, unexpected or has the wrong shape (named in the message).
@@ -188,7 +190,7 @@ def load_hf(
   path = os.fspath(path)
   if dtype not in _DTYPES:
     raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-  config = ModelConfig.from_hf(path)
+  config = dataclasses.replace(ModelConfig.from_hf(path), attention_impl=attention_impl)
   reader = _SafetensorsReader(path)
   mappings = _mappings(config)
   _check_names(reader, mappings, config)

@@ -356,18 +356,69 @@ def attend(
   mask: Array | CausalMask | SharedPrefixMask,
   block: int,
   prefix: tuple[Array, Array] | None = None,
+  impl: str = "blockwise",
 ) -> Array:
   """The attention of every caller (sampler prefill and decode, scoring, training).
 
   A full mask [B, T, S] runs the plain `attention`; a `CausalMask` (what the stacks pass for
-  sequences longer than `block`) runs `blockwise_attention`; a `SharedPrefixMask` (the sampler's
-  decode with `prefix`, the prompt keys and values) runs `shared_prefix_attention`.
+  sequences longer than `block`) runs `blockwise_attention`, or with `impl` "xla" / "cudnn"
+  (`ModelConfig.attention_impl`) and queries from slot 0 `fused_causal_attention`; a
+  `SharedPrefixMask` (the sampler's decode with `prefix`, the prompt keys and values) runs
+  `shared_prefix_attention`.
   """
   if isinstance(mask, SharedPrefixMask):
     return shared_prefix_attention(q, k, v, mask.own, *prefix, mask.prefix)
   if isinstance(mask, CausalMask):
+    from_start = isinstance(mask.offset, int) and mask.offset == 0 and k.shape[2] == q.shape[1]
+    if impl != "blockwise" and from_start:
+      return fused_causal_attention(q, k, v, mask.key_mask, impl=impl, block=block)
     return blockwise_attention(q, k, v, mask.key_mask, mask.offset, block=block)
   return attention(q, k, v, mask)
+
+
+def fused_causal_attention(q: Array, k: Array, v: Array, key_mask: Array, *, impl: str, block: int) -> Array:
+  """Causal attention from slot 0 through `jax.nn.dot_product_attention` (`impl` "xla" or "cudnn").
+
+  The fused kernels take a row's padding as its length from the left (right padding). Rows here
+  are left-padded (the sampler's prompts, `lm.scoring`'s batches), so each row is rotated so that
+  its real tokens start at slot 0, attended with `key_value_seq_lengths`, and rotated back: for a
+  real query the keys it may attend are the same (real, not after it), so its output is the same
+  function as `blockwise_attention`'s. A padding query's output differs (neither is used: its
+  position is masked out of every loss and never attended). A row whose real tokens are not one
+  contiguous run would be wrong rotated, so the program checks and then runs `blockwise_attention`
+  for the whole batch instead (`lax.cond`: one branch runs).
+
+  Args:
+    q: [B, T, N, H]; k, v: [B, K, T, H]; key_mask: [B, S >= T], True at real tokens.
+
+  Returns:
+    [B, T, N, H] in q's dtype.
+  """
+  t = q.shape[1]
+  real = key_mask[:, :t].astype(bool)  # a prefill's mask may run on over the cache's empty slots
+  length = real.sum(axis=-1).astype(jnp.int32)  # [B] (an empty row is given one key: no NaN)
+  start = jnp.argmax(real, axis=-1).astype(jnp.int32)  # [B] first real token (0 for an empty row)
+  slot = jnp.arange(t, dtype=jnp.int32)[None, :]  # [1, T]
+  run = (slot >= start[:, None]) & (slot < (start + length)[:, None])
+  contiguous = jnp.all(run == real)
+
+  def fused(q, k, v):
+    take = (slot + start[:, None]) % t  # [B, T]: rotated slot i reads slot start + i
+    back = (slot - start[:, None]) % t
+
+    def rotate(x, index):  # x [B, T, ...]
+      return jnp.take_along_axis(x, index.reshape(*index.shape, *([1] * (x.ndim - 2))), axis=1)
+
+    out = jax.nn.dot_product_attention(
+      rotate(q, take), rotate(k.swapaxes(1, 2), take), rotate(v.swapaxes(1, 2), take),
+      is_causal=True, key_value_seq_lengths=jnp.maximum(length, 1), implementation=impl,
+    )  # fmt: skip
+    return rotate(out.astype(q.dtype), back)
+
+  def blockwise(q, k, v):
+    return blockwise_attention(q, k, v, real, 0, block=block)
+
+  return jax.lax.cond(contiguous, fused, blockwise, q, k, v)
 
 
 def shared_prefix_attention(
@@ -592,7 +643,7 @@ def decoder_layer(
       k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
     if "prefix_k" in kv:
       prefix = (kv["prefix_k"].astype(dtype), kv["prefix_v"].astype(dtype))
-  attn = attend(q, k, v, mask, config.attention_block, prefix)  # [B, T, N, H]
+  attn = attend(q, k, v, mask, config.attention_block, prefix, config.attention_impl)  # [B, T, N, H]
   if "o_xd" in w:
     x = x + matmul(attn.reshape(*attn.shape[:2], -1), w["o_xd"].astype(dtype))
   else:

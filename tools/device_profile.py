@@ -5,12 +5,15 @@ Run on the accelerator after the device check (scripts/device_check.sh) says a r
 
   python -m tools.device_profile --out=$OUT                # on the device: writes profile.json,
                                                            # accumulate.hlo.txt.gz
+  python -m tools.device_profile --out=$OUT --attention=blockwise,cudnn --skip_deviceless
   python -m tools.device_profile --out=/tmp/p --pairs=1    # CPU: the same code at the tiny preset
 
 Two parts, each recorded even when the other fails:
   profile    the row's program at `--pairs` pairs a chunk (fewer rows than planned: the work per
-             token is the same, and the trace stays small), one call traced with jax.profiler after
-             a warm-up; the device's events summed by name (and by name with its ".N" suffix cut,
+             token is the same, and the trace stays small), for each `--attention` implementation
+             (`ModelConfig.attention_impl`) on the same random weights and batch, whose gradients
+             and loss are compared with the first's; one call traced with jax.profiler after a
+             warm-up; the device's events summed by name (and by name with its ".N" suffix cut,
              so every fusion of one kind adds up), the top ones with one event's arguments; the
              compiled HLO text beside it, so a fusion's name can be read back to its operations.
   deviceless the row at the planned pairs compiled for the target's topology description (as
@@ -70,47 +73,75 @@ def summarize(events: list[dict[str, Any]], top: int = 40) -> dict[str, Any]:
   }
 
 
-def _profile(pairs: int, cpu: bool, out: str) -> dict[str, Any]:
+def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...]) -> dict[str, Any]:
   import jax
   import jax.numpy as jnp
+  import numpy as np
 
   from dpa_grpo import device_check as dpa_device_check
   from dpa_grpo import plan as dpa_plan
   from dpa_grpo import step
 
-  exp, target, length, name = dpa_device_check._planned(cpu)  # noqa: SLF001 -- the row's own config
-  exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, pairs_per_chunk=pairs))
-  su = dpa_plan.shaped_step(exp, target, length)
-  start = time.perf_counter()
-  compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
-  compile_s = time.perf_counter() - start
-  with gzip.open(os.path.join(out, "accumulate.hlo.txt.gz"), "wt") as f:
-    f.write(compiled.as_text())
-  grads, trainable, frozen, batch, key = su.accumulate_args
-  trainable, frozen = dpa_device_check._random_like(trainable, 1), dpa_device_check._random_like(frozen, 1000)  # noqa: SLF001
-  batch = {k: jax.device_put(v, batch[k].sharding) for k, v in su.chunk.items()}
-  key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
+  base, target, length, name = dpa_device_check._planned(cpu)  # noqa: SLF001 -- the row's own config
+  base = dataclasses.replace(base, train=dataclasses.replace(base.train, pairs_per_chunk=pairs))
+  record: dict[str, Any] = {"row": f"configs/dpa_grpo.py:{name} accumulate at {pairs} pairs a chunk"}
+  weights, first = None, None
+  for impl in impls:  # the same random weights and batch for each: their gradients must agree
+    overrides = dict(base.model.overrides)
+    if cpu:  # 64-token rows: blocks of 16 so that the long-sequence path (CausalMask) runs
+      overrides["attention_block"] = 16
+    model = dataclasses.replace(base.model, overrides=overrides, attention_impl=impl)
+    exp = dataclasses.replace(base, model=model)
+    su = dpa_plan.shaped_step(exp, target, length)
+    start = time.perf_counter()
+    compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
+    compile_s = time.perf_counter() - start
+    if impl == impls[0]:
+      with gzip.open(os.path.join(out, "accumulate.hlo.txt.gz"), "wt") as f:
+        f.write(compiled.as_text())
+    _, trainable, frozen, batch, key = su.accumulate_args
+    if weights is None:
+      weights = (
+        dpa_device_check._random_like(trainable, 1),  # noqa: SLF001
+        dpa_device_check._random_like(frozen, 1000),  # noqa: SLF001
+      )
+    batch = {k: jax.device_put(v, batch[k].sharding) for k, v in su.chunk.items()}
+    key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
 
-  def call() -> float:
-    args = (jax.tree.map(jnp.zeros_like, trainable), trainable, frozen, batch, key)
-    jax.block_until_ready(args)
-    begin = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    return time.perf_counter() - begin
+    def call(trace_dir: str | None = None, batch=batch, key=key, compiled=compiled, weights=weights):
+      args = (jax.tree.map(jnp.zeros_like, weights[0]), *weights, batch, key)
+      jax.block_until_ready(args)
+      begin = time.perf_counter()
+      if trace_dir is None:
+        result = jax.block_until_ready(compiled(*args))
+      else:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+          result = jax.block_until_ready(compiled(*args))
+      return time.perf_counter() - begin, result
 
-  warm = call()
-  trace_dir = tempfile.mkdtemp()
-  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-    traced = call()
-  return {
-    "row": f"configs/dpa_grpo.py:{name} accumulate at {pairs} pairs a chunk",
-    "program": su.detail,
-    "compile_s": compile_s,
-    "seconds_warm_up": warm,
-    "seconds_traced": traced,
-    "summary": summarize(_events(trace_dir)),
-    "source": "measured (jax.profiler trace of one call after a warm-up)",
-  }
+    warm, _ = call()
+    trace_dir = tempfile.mkdtemp()
+    traced, (grads, value, _) = call(trace_dir)
+    flat = np.concatenate([np.asarray(g, np.float32).ravel() for g in jax.tree.leaves(grads)])
+    entry = {
+      "program": su.detail,
+      "compile_s": compile_s,
+      "seconds_warm_up": warm,
+      "seconds_traced": traced,
+      "loss": float(value),
+      "grad_norm": float(np.linalg.norm(flat)),
+      "summary": summarize(_events(trace_dir)),
+    }
+    if first is None:
+      first = (impl, flat, float(value))
+    else:
+      entry[f"relative_grad_difference_from_{first[0]}"] = float(
+        np.linalg.norm(flat - first[1]) / np.linalg.norm(first[1])
+      )
+      entry[f"loss_difference_from_{first[0]}"] = float(value) - first[2]
+    record[impl] = entry
+  record["source"] = "measured (jax.profiler trace of one call after a warm-up; same weights and batch)"
+  return record
 
 
 def _deviceless(cpu: bool) -> dict[str, Any]:
@@ -137,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--pairs", type=int, default=4, help="pairs a chunk of the profiled call")
   parser.add_argument("--cpu", action="store_true", help="the tiny preset on the CPU (tests)")
   parser.add_argument("--skip_deviceless", action="store_true")
+  parser.add_argument(
+    "--attention",
+    default="blockwise",
+    help="ModelConfig.attention_impl values, comma-separated (same weights)",
+  )
   args = parser.parse_args(argv)
   from lm import memory
 
@@ -145,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
   os.makedirs(args.out, exist_ok=True)
   record: dict[str, Any] = {"jax": jax.__version__, "devices": [d.device_kind for d in jax.devices()]}
-  parts = {"profile": lambda: _profile(args.pairs, args.cpu, args.out)}
+  impls = tuple(a.strip() for a in args.attention.split(",") if a.strip())
+  parts = {"profile": lambda: _profile(args.pairs, args.cpu, args.out, impls)}
   if not args.skip_deviceless:
     parts["deviceless"] = lambda: _deviceless(args.cpu)
   for part, fn in parts.items():

@@ -98,3 +98,53 @@ def test_prefill_memory_at_8k_tokens_is_at_most_twice_that_at_1k():
   at_1k, at_8k = _prefill_temp_bytes(1024, 1024), _prefill_temp_bytes(8192, 1024)
   assert at_8k <= 2 * at_1k, (at_1k, at_8k)
   assert at_8k < 64 * 2**20  # the quadratic path needed ~3 GiB here: [1, 2, 2, 8192, 8192] float32 scores
+
+
+def _real_rows():
+  """Left padding, right padding, a row with a hole (not one run), a row with no real token."""
+  mask = jnp.ones((4, 96), bool)
+  mask = mask.at[0, :29].set(False).at[1, 70:].set(False).at[2, 40:45].set(False).at[3].set(False)
+  return mask
+
+
+@pytest.mark.parametrize("rows", [(0, 1), (0, 1, 2, 3)])
+def test_fused_causal_attention_equals_blockwise_at_every_real_query(rows):
+  """Rows (0, 1) are contiguous runs (the fused kernel runs, rotated); with rows 2 and 3 the program
+  falls back to blockwise for the batch. Either way: the same outputs and gradients wherever a
+  real query's output is used, and nothing that is not finite."""
+  key_mask = _real_rows()[jnp.asarray(rows)]
+  q, k, v = _qkv(96, 96, b=len(rows), seed=4)
+  weights = jax.random.normal(jax.random.key(5), q.shape) * key_mask[:, :, None, None]  # real queries
+
+  def loss(fn):
+    return lambda *x: jnp.sum(fn(*x) * weights)
+
+  blockwise = lambda q, k, v: model_lib.blockwise_attention(q, k, v, key_mask, block=32)  # noqa: E731
+  fused = lambda q, k, v: model_lib.fused_causal_attention(q, k, v, key_mask, impl="xla", block=32)  # noqa: E731
+  real = key_mask[:, :, None, None]
+  out = fused(q, k, v)
+  assert bool(jnp.all(jnp.isfinite(out)))
+  np.testing.assert_allclose(jnp.where(real, out, 0), jnp.where(real, blockwise(q, k, v), 0), atol=2e-5)
+  got = jax.grad(loss(fused), argnums=(0, 1, 2))(q, k, v)
+  want = jax.grad(loss(blockwise), argnums=(0, 1, 2))(q, k, v)
+  for g, w in zip(got, want, strict=True):
+    assert bool(jnp.all(jnp.isfinite(g)))
+    np.testing.assert_allclose(g, w, atol=5e-5)
+
+
+def test_the_model_with_the_fused_attention_equals_the_blockwise_model():
+  """Training / scoring and a prefill into a longer cache: `attention_impl="xla"` against blockwise,
+  at every real token (the padding's outputs are nobody's)."""
+  blocked = Qwen(dataclasses.replace(TINY, attention_block=16), rngs=nnx.Rngs(0))
+  fused = Qwen(dataclasses.replace(TINY, attention_block=16, attention_impl="xla"), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(6), (2, 53), 2, TINY.vocab_size)
+  mask = jnp.ones((2, 53), jnp.int32).at[1, :11].set(0)
+  real = mask.astype(bool)[:, :, None]
+  got, want = fused(tokens, attention_mask=mask), blocked(tokens, attention_mask=mask)
+  np.testing.assert_allclose(jnp.where(real, got, 0), jnp.where(real, want, 0), atol=1e-4)
+  cache_mask = jnp.concatenate([mask, jnp.ones((2, 8), jnp.int32)], axis=1)
+  got, _ = fused(tokens, attention_mask=cache_mask, cache=fused.init_cache(2, 61))
+  want, _ = blocked(tokens, attention_mask=cache_mask, cache=blocked.init_cache(2, 61))
+  np.testing.assert_allclose(jnp.where(real, got, 0), jnp.where(real, want, 0), atol=1e-4)
+  with pytest.raises(ValueError, match="attention_impl"):
+    dataclasses.replace(TINY, attention_impl="flash")

@@ -26,10 +26,18 @@ def test_summary_keeps_the_device_processes_and_sums_kinds():
 
 
 def test_the_cpu_run_profiles_the_planned_row(tmp_path):
-  assert device_profile.main([f"--out={tmp_path}", "--pairs=1", "--cpu", "--skip_deviceless"]) == 0
+  argv = [f"--out={tmp_path}", "--pairs=1", "--cpu", "--skip_deviceless", "--attention=blockwise,xla"]
+  assert device_profile.main(argv) == 0
   record = json.loads((tmp_path / "profile.json").read_text())
-  profile = record["profile"]
-  assert re.match(r"verifier, \d+ rows x 64 tokens", profile["program"]) and profile["seconds_traced"] > 0
-  assert profile["summary"]["events"] > 0 and profile["summary"]["top_names"]
+  blockwise, xla = record["profile"]["blockwise"], record["profile"]["xla"]
+  assert re.match(r"verifier, \d+ rows x 64 tokens", blockwise["program"]) and blockwise["seconds_traced"] > 0
+  assert blockwise["summary"]["events"] > 0 and blockwise["summary"]["top_names"]
+  # 64-token rows are longer than the tiny model's attention block, so "xla" runs the fused path:
+  # the same gradients and loss from the same weights and batch.
+  assert (
+    xla["relative_grad_difference_from_blockwise"] < 1e-4
+    and abs(xla["loss_difference_from_blockwise"]) < 1e-5
+  )
+  assert blockwise["grad_norm"] > 0
   with gzip.open(tmp_path / "accumulate.hlo.txt.gz", "rt") as f:
     assert "ENTRY" in f.read()
