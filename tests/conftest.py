@@ -22,6 +22,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # then traces the same programs as the tests in this process (the precision is part of each dot, so
 # of each program's cache key), and finds the ones they compiled in the cache above.
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+# One OpenMP thread a process (PyTorch's intra-op pool, OpenBLAS), unless set: the two xdist workers
+# already keep both cores busy, and a second OpenMP thread spins waiting on a core the other worker
+# holds. tests/lm/{hf,lora_peft,lora,sampler}_test.py, alone on a 2-core machine at load ~3 (three
+# runs each, alternated): 47.8, 54.6, 47.4 s with 2 threads; 33.2, 35.4, 33.7 s with 1.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # The tests that run longest (call seconds, --durations on 2 cores, 2026-12-04), heaviest first; then
