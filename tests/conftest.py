@@ -22,12 +22,36 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # then traces the same programs as the tests in this process (the precision is part of each dot, so
 # of each program's cache key), and finds the ones they compiled in the cache above.
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+# One OpenMP thread a process (PyTorch's intra-op pool, OpenBLAS), unless set: the two xdist workers
+# already keep both cores busy, and a second OpenMP thread spins waiting on a core the other worker
+# holds. tests/lm/{hf,lora_peft,lora,sampler}_test.py, alone on a 2-core machine at load ~3 (three
+# runs each, alternated): 47.8, 54.6, 47.4 s with 2 threads; 33.2, 35.4, 33.7 s with 1.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# The modules whose tests run longest (measured with --durations on 2 cores, 2026-12-03), heaviest
-# first; then every other module holding a test marked slow; then the rest, each group in its
-# collection order. pytest-xdist hands tests out in this order, so the long ones start early
-# instead of one of them running alone at the end of the suite.
+# The tests that run longest (call seconds, --durations on 2 cores, 2026-12-04), heaviest first; then
+# the modules whose tests run longest, heaviest first; then every other module holding a test marked
+# slow; then the rest, each group in its collection order. With the scheduler handing tests out one
+# at a time (pytest_configure below), this is longest-first list scheduling: each worker takes the
+# next longest test when it finishes one, and the suite ends on short tests on both workers.
+_SLOWEST_TEXT = """
+285 multihost/two_process_test.py::test_dpa_grpo_two_processes_killed_and_resumed_match_one_process
+116 benchmarks/rl_bench_test.py::test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree
+84 dpa_grpo/reference_path_test.py::test_reference_settings_with_their_skips_train_every_kind_of_update
+77 kace/methods_test.py::test_every_method_runs_end_to_end_into_the_table
+73 multihost/two_process_test.py::test_kace_eval_two_processes_killed_and_resumed_match_one_process
+69 kace/testbed_pipeline_test.py::test_testbed_comparison_runs_every_method_with_the_oracle_roles
+69 dpa_grpo/smoke_test.py::test_qwen3_4b_preset_code_path_runs_two_steps_on_cpu
+65 kace/endpoint_test.py::test_openai_preset_against_lm_server_matches_its_dry_run
+65 launch/main_test.py::test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates
+49 dpa_grpo/train_test.py::test_kill_minus_nine_and_resume_is_bit_identical
+49 launch/readme_commands_test.py::test_kace_build_and_table_smoke_runs
+48 kace/testbed_pipeline_test.py::test_the_launcher_refuses_a_solver_that_fails_its_gates
+48 dpa_grpo/engine_test.py::test_two_steps_from_our_server_with_adapters_reloaded
+47 dpa_grpo/reproduce_test.py::test_reproduce_end_to_end_writes_the_report
+46 benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline_commit
+"""  # seconds, then the test's id under tests/
+_SLOWEST = {test: float(seconds) for seconds, test in map(str.split, _SLOWEST_TEXT.strip().splitlines())}
 _HEAVIEST = (
   "tests.multihost.two_process_test",
   "tests.dpa_grpo.reference_path_test",
@@ -40,11 +64,24 @@ _HEAVIEST = (
 )
 
 
+def pytest_configure(config):
+  """pytest-xdist's load scheduling hands each worker a first chunk of a quarter of the suite (about
+  120 tests each on 2 workers), consecutive in the order below, so the first worker got nearly every
+  long test and the second the short ones; one test at a time instead (`--maxschedchunk=1`, unless
+  given) lets whichever worker is free take the next longest."""
+  if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "maxschedchunk", 0) is None:
+    config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
   slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
 
   def rank(item):
     name = item.module.__name__
-    return (_HEAVIEST.index(name) if name in _HEAVIEST else len(_HEAVIEST), name not in slow)
+    return (
+      -_SLOWEST.get(item.nodeid.removeprefix("tests/"), 0.0),
+      _HEAVIEST.index(name) if name in _HEAVIEST else len(_HEAVIEST),
+      name not in slow,
+    )
 
-  items.sort(key=rank)  # stable: a module's tests stay together and in their order
+  items.sort(key=rank)  # stable: a module's other tests stay together and in their order

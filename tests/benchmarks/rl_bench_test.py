@@ -18,8 +18,11 @@ ROOT = pathlib.Path(__file__).parents[2]
 def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree(tmp_path):
   out = tmp_path / "rl.json"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the tests' 8 fake devices
+  # One thread a side: the suite's other xdist worker holds the other core, and PyTorch's two OpenMP
+  # threads, one waiting on a busy core, made each torch step 3.3 s instead of 0.07 s (this test
+  # 72 -> 46 s, one run each on a loaded 2-core machine).
   proc = subprocess.run(
-    [sys.executable, "-m", "benchmarks.rl_bench", "--quick", f"--out={out}"],
+    [sys.executable, "-m", "benchmarks.rl_bench", "--quick", "--threads=1", f"--out={out}"],
     cwd=ROOT,
     env=env,
     capture_output=True,
