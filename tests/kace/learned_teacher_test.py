@@ -9,6 +9,7 @@ import json
 import os
 import re
 
+import filelock
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -25,9 +26,15 @@ TINY = learned_teacher.LearnedTeacherConfig(
 
 
 @pytest.fixture(scope="module")
-def tiny_teacher(tmp_path_factory):
-  cache = str(tmp_path_factory.mktemp("teacher_cache"))
-  return cache, learned_teacher.ensure_learned_teacher(cache, TINY)
+def tiny_teacher(tmp_path_factory, worker_id):
+  """The teacher, trained once a session: xdist may hand this module's tests to both workers, which
+  then share one cache through a lock in the session's temporary root (the second reads it back)."""
+  root = tmp_path_factory.getbasetemp()
+  root = root if worker_id == "master" else root.parent  # gw0's and gw1's common parent
+  cache = root / "kace_learned_teacher_cache"
+  with filelock.FileLock(str(root / "kace_learned_teacher.lock")):
+    cache.mkdir(exist_ok=True)
+    return str(cache), learned_teacher.ensure_learned_teacher(str(cache), TINY)
 
 
 def _bench_prompt(seed=0, control="none"):
