@@ -98,6 +98,11 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
   head, copied = plan_lib.sampler_held(pols.policy(trainable, frozen, role), mesh, exp.sampler)
+  detail = f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}"
+  if target.slices > 1:  # the step's one exchange across slices / nodes: its gradients' all-reduce
+    share = 2 * (target.slices - 1) / target.slices
+    seconds = share * plan_lib.tree_bytes(trainable) / target.dcn_bandwidth
+    detail += f"; gradient all-reduce across {target.slices} slices / nodes {seconds:.3g} s a step (model)"
   return ShapedStep(
     accumulate_args=(trainable, trainable, frozen, batch, key),
     accumulate_kwargs=dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
@@ -110,7 +115,7 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
     mesh=mesh,
     shard=shard,
     model=(fwd * passes, weights * passes),
-    detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+    detail=detail,
     sampler_head=head,
     sampler_copy=copied,
   )
@@ -192,9 +197,11 @@ def choose(
   budget (`lm.plan.budget`: the memory JAX may use less `headroom`), then the most sampler rows a
   call (the config's `sampler.max_rows`, halved until it fits) whose program fits beside them; the
   last one tried when none does. It fits only when every program does. `config`: a preset's
-  `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise)."""
+  `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise), on a
+  target of several slices or nodes data parallel across them (`lm.plan.across_slices`)."""
   budget = plan_lib.budget(target, headroom)
   base = config_lib.ExperimentConfig.from_dict(config)
+  base = dataclasses.replace(base, mesh=plan_lib.across_slices(base.mesh, target))  # data across slices
   choice, tried, exp = None, [], base
   start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
   for remat, divide in CANDIDATES[start:]:

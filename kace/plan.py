@@ -28,7 +28,8 @@ def solver_program(config: dict, target: plan_lib.Target, *, rows: int, prompt_t
   """The solver's sampler program for `rows` rows (n = 1 each) on `target`."""
   solver = config["roles"]["solver"]
   shard = sharding_lib.ShardingConfig()
-  mesh = plan_lib.target_mesh(plan_lib.target_devices(target), sharding_lib.MeshConfig(**solver["mesh"]))
+  mesh_cfg = plan_lib.across_slices(sharding_lib.MeshConfig(**solver["mesh"]), target)
+  mesh = plan_lib.target_mesh(plan_lib.target_devices(target), mesh_cfg)
   model_cfg = ModelConfig.preset(solver.get("preset") or "qwen3_4b")
   model = plan_lib.abstract_model(model_cfg, solver["dtype"], mesh, shard)
   return plan_lib.sampler_program(

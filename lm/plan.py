@@ -43,9 +43,12 @@ class Target:
   """A machine to plan for: its devices and their published figures (per chip).
 
   platform: "tpu" (libtpu topology `topology`, e.g. "v5p:2x2x1"), "cuda" (`target_config`, a text
-  proto under lm/targets, `devices` GPUs on one host), "cpu" (this host's devices; tests) or
-  "local" (this host's accelerators, `local_target`: the device check).
+  proto under lm/targets, `devices` GPUs over `slices` hosts), "cpu" (this host's devices; tests)
+  or "local" (this host's accelerators, `local_target`: the device check).
   hbm_bytes: memory per device; hbm_bandwidth: bytes/s; peak_flops: dense bf16 FLOP/s.
+  slices: TPU slices joined over the data-center network (DCN), or GPU nodes joined over their
+    network; the mesh's data axis is outermost across them (`across_slices`), fsdp and tp within.
+  dcn_bandwidth: bytes/s per device between slices or nodes (published; 0: one slice or node).
   """
 
   name: str
@@ -57,10 +60,16 @@ class Target:
   topology: str = ""
   target_config: str = ""
   note: str = ""
+  slices: int = 1
+  dcn_bandwidth: float = 0.0
 
 
 # Published per-chip figures (Google Cloud TPU docs; NVIDIA datasheets, SXM parts). A TPU "-N" name
-# counts TensorCores for v5p (2 a chip: v5p-8 is 4 chips) and chips for v5e / v6e.
+# counts TensorCores for v5p (2 a chip: v5p-8 is 4 chips) and chips for v5e / v6e. Past one slice or
+# node: "2xv5p-64" is two v5p-64 slices over DCN (Cloud TPU's v5p table: 50 Gbps DCN a chip, against
+# 1,200 GB/s ICI within a slice); "2xh100x8" two 8-GPU H100 nodes (DGX H100: one 400 Gb/s
+# ConnectX-7 NIC a GPU, 50 GB/s, against NVLink's 900 GB/s within a node). CUDA's deviceless
+# topology is "<NVLink domains>x<hosts a domain>x<GPUs a host>": each node its own NVLink domain.
 TARGETS = {
   t.name: t
   for t in (
@@ -72,10 +81,16 @@ TARGETS = {
            hbm_bandwidth=2765e9, peak_flops=459e12, note="4 chips"),
     Target(name="v5p-64", platform="tpu", topology="v5p:2x4x4", devices=32, hbm_bytes=95 * GiB,
            hbm_bandwidth=2765e9, peak_flops=459e12, note="32 chips"),
+    Target(name="2xv5p-64", platform="tpu", topology="v5p:2x4x4", devices=64, hbm_bytes=95 * GiB,
+           hbm_bandwidth=2765e9, peak_flops=459e12, slices=2, dcn_bandwidth=50e9 / 8,
+           note="2 slices x 32 chips over DCN"),
     Target(name="h100x1", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=1,
            hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12),
     Target(name="h100x8", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=8,
            hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12),
+    Target(name="2xh100x8", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=16,
+           hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12, slices=2,
+           dcn_bandwidth=400e9 / 8, note="2 nodes x 8 GPUs over InfiniBand"),
     Target(name="h200x1", platform="cuda", target_config="h200_141gb.textproto", devices=1,
            hbm_bytes=150_754_820_096, hbm_bandwidth=4.8e12, peak_flops=989e12),
     Target(name="h200x8", platform="cuda", target_config="h200_141gb.textproto", devices=8,
@@ -171,16 +186,36 @@ def target_devices(target: Target) -> list:
   from jax.experimental import topologies
 
   if target.platform == "tpu":
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=target.topology).devices)
+    slices = {"num_slices": target.slices} if target.slices > 1 else {}
+    desc = topologies.get_topology_desc(platform="tpu", topology_name=target.topology, **slices)
+    return list(desc.devices)
   with open(os.path.join(TARGET_DIR, target.target_config)) as f:
     text = f.read()
-  desc = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{target.devices}")
+  topology = f"{target.slices}x1x{target.devices // target.slices}"  # NVLink domains x hosts x GPUs
+  desc = topologies.get_topology_desc(platform="cuda", target_config=text, topology=topology)
   return list(desc.devices)
 
 
+def across_slices(mesh: sharding_lib.MeshConfig, target: Target) -> sharding_lib.MeshConfig:
+  """`mesh` on a target of several slices or nodes: the preset's mesh within one slice, data
+  parallel across them (data x slices), so that only the gradients' all-reduce crosses the slow
+  network; `mesh` itself on one slice, or when its data axis is already a multiple of the slices."""
+  if target.slices == 1:
+    return mesh
+  data, fsdp, tp = mesh.shape(target.devices)
+  if data % target.slices == 0:
+    return sharding_lib.MeshConfig(data=data, fsdp=fsdp, tp=tp)
+  data, fsdp, tp = mesh.shape(target.devices // target.slices)
+  return sharding_lib.MeshConfig(data=data * target.slices, fsdp=fsdp, tp=tp)
+
+
 def target_mesh(devices: Sequence, mesh: sharding_lib.MeshConfig) -> Mesh:
-  """The run's (data, fsdp, tp) mesh over the target's devices."""
+  """The run's (data, fsdp, tp) mesh over the target's devices, in their order (a GPU node's
+  devices are contiguous, so data outermost splits nodes first); over several TPU slices as
+  `lm.sharding.make_mesh` lays it (data across slices)."""
   shape = mesh.shape(len(devices))
+  if sharding_lib.slice_count(devices) > 1:
+    return Mesh(sharding_lib.device_grid(shape, devices), sharding_lib.MESH_AXES)
   return Mesh(np.asarray(devices, dtype=object).reshape(shape), sharding_lib.MESH_AXES)
 
 
@@ -461,6 +496,8 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
     hbm_gib=target.hbm_bytes / GiB, pool_gib=pool_bytes(target) / GiB,
     budget_gib=budget(target, headroom) / GiB, headroom=headroom, jax=jax.__version__,
   )  # fmt: skip
+  if target.slices > 1:
+    record |= dict(slices=target.slices, dcn_gbps=target.dcn_bandwidth * 8 / 1e9)
   if target.platform == "cuda":
     record["mem_fraction"] = memory.gpu_fraction()
   try:
@@ -488,7 +525,10 @@ def _pool_words(record: dict) -> str:
 
 def summary(record: dict) -> str:
   """A plan record as a few lines of text."""
-  head = f"{record['preset']} on {record['target']} ({record['devices']} x {record['hbm_gib']:.1f} GiB)"
+  head = f"{record['preset']} on {record['target']} ({record['devices']} x {record['hbm_gib']:.1f} GiB"
+  if record.get("slices", 1) > 1:
+    head += f"; {record['slices']} slices / nodes, {record['dcn_gbps']:g} Gb/s a device between them"
+  head += ")"
   if "error" in record:
     return f"{head}: no plan: {record['error']}"
   verdict = "fits" if record["fits"] else "DOES NOT FIT"
@@ -595,5 +635,5 @@ def render(records: list[dict], *, date: str) -> str:
     missing = [t for t in TARGETS if t not in {r["target"] for r in records if r["preset"] == preset}]
     out += ["", "Overrides the plan chose (`--config.*`):", "", *flags_by_target, ""]
     if missing:
-      out += [f"Not planned in this run (its compile did not finish in time): {', '.join(missing)}.", ""]
+      out += [f"Not in these records (not planned in this run): {', '.join(missing)}.", ""]
   return "\n".join(out) + "\n"
