@@ -209,6 +209,59 @@ def across_slices(mesh: sharding_lib.MeshConfig, target: Target) -> sharding_lib
   return sharding_lib.MeshConfig(data=data * target.slices, fsdp=fsdp, tp=tp)
 
 
+def mesh_label(mesh: sharding_lib.MeshConfig, devices: int) -> str:
+  data, fsdp, tp = mesh.shape(devices)
+  return f"mesh data={data} fsdp={fsdp} tp={tp}"
+
+
+def mesh_candidates(
+  target: Target, config: ModelConfig, first: sharding_lib.MeshConfig
+) -> list[tuple[sharding_lib.MeshConfig, str]]:
+  """The (data, fsdp, tp) meshes a plan searches over `target`'s devices, in order, each with a note.
+
+  First `first` (the preset's mesh, `across_slices`), so a preset that fits keeps its mesh. Then
+  every other factorisation, the least communication first, as the remat candidates run fastest
+  first: fewer tp (tp exchanges activations in every layer), then more data (data parallelism
+  exchanges only the gradients, fsdp gathers the weights in every layer). On several slices or
+  nodes data is a multiple of them (only data parallelism crosses the slow network). tp splits the
+  attention heads, so it must divide them; where it does not divide the KV heads the KV projections
+  and cache are replicated over it (`lm.sharding.fit_spec`), which the note says.
+  """
+  n, slices = target.devices, target.slices
+  divisors = [d for d in range(1, n + 1) if n % d == 0]
+  out = [sharding_lib.MeshConfig(*first.shape(n))]
+  for tp in divisors:
+    if config.num_heads % tp:
+      continue
+    for data in sorted((d for d in divisors if (n // tp) % d == 0), reverse=True):
+      mesh = sharding_lib.MeshConfig(data=data, fsdp=n // tp // data, tp=tp)
+      if data % slices == 0 and mesh not in out:
+        out.append(mesh)
+
+  def note(mesh: sharding_lib.MeshConfig) -> str:
+    if config.num_kv_heads % mesh.tp:
+      kv = config.num_kv_heads
+      return f"tp={mesh.tp} does not divide the {kv} KV heads: KV projections and cache replicated"
+    return ""
+
+  return [(m, note(m)) for m in out]
+
+
+def sampler_floor(
+  config: ModelConfig, dtype: Any, shape: tuple[int, int, int], rows: int, length: int
+) -> int:
+  """A lower bound on the sampler's per-device peak on a (data, fsdp, tp) mesh (a model): its weights
+  split over every model axis (the decode layout, `lm.sharding.DECODE_SHARDING`) and the KV cache of
+  its rows over data and over the KV heads at most. Replication, bucketing and temporaries only add
+  to it, so a mesh whose floor exceeds the budget cannot fit and is not compiled."""
+  data, fsdp, tp = shape
+  itemsize = jnp.dtype(dtype).itemsize
+  weights = param_count(config) * itemsize / (fsdp * tp)
+  kv_row = 2 * config.num_layers * config.num_kv_heads * config.head_dim * length * itemsize
+  kv = math.ceil(rows / data) * kv_row / min(fsdp * tp, config.num_kv_heads)
+  return int(weights + kv)
+
+
 def target_mesh(devices: Sequence, mesh: sharding_lib.MeshConfig) -> Mesh:
   """The run's (data, fsdp, tp) mesh over the target's devices, in their order (a GPU node's
   devices are contiguous, so data outermost splits nodes first); over several TPU slices as
@@ -613,10 +666,10 @@ def render(records: list[dict], *, date: str) -> str:
       if "error" in r:
         out.append(f"| {r['target']} | no | — | | | | | | | | {r['error'][:160]} |")
         continue
-      if not r["programs"]:  # the compiler refused every candidate: no setting of this mesh fits
+      if not r["programs"]:  # every candidate refused or ruled out: no setting searched fits
         last = (r.get("tried") or ["refused"])[-1][:200]
-        out.append(f"| {r['target']} | no | — | | | | | | | | every candidate refused; the last: {last} |")
-        flags_by_target.append(f"- {r['target']}: none fits with this mesh (tried: {'; '.join(r['tried'])})")
+        out.append(f"| {r['target']} | no | — | | | | | | | | no candidate fits; the last: {last} |")
+        flags_by_target.append(f"- {r['target']}: none fits (tried: {'; '.join(r['tried'])})")
         continue
       for p in r["programs"]:
         share, fits = p["peak"] / GiB / r["hbm_gib"], p["peak"] / GiB <= record_budget(r)
