@@ -108,3 +108,79 @@ def choose(
   if choice is None:  # every candidate skipped uncompiled
     return Choice(overrides={}, programs=[], fits=False, tried=tuple(tried))
   return dataclasses.replace(choice, tried=tuple(tried))
+
+
+# Each in-process role's new tokens: the solver samples at `sampling`, the classifier at
+# `classifier_sampling`, the teacher, curator and router at `role_sampling` (configs/kace.py).
+ROLE_SAMPLING = {"solver": "sampling", "classifier": "classifier_sampling"}
+TINY_PROMPT_TOKENS = 512  # assumed: a synthetic problem and its cards for the CPU-scale tiny solver
+
+
+def role_model(config: dict, role: str) -> tuple[ModelConfig | None, str]:
+  """(the model of a role that runs in this process, else None; why not or where it comes from).
+  The CPU presets' solver is built at run time (`kace.synthetic`): planned from its config's sizes,
+  its vocabulary at most `vocab_size` (the BPE tokenizer's target)."""
+  section = config["roles"][role]
+  if section is None:
+    return None, "played by the solver"
+  if section["kind"] != "jax":
+    return None, f"kind {section['kind']}: not in this process"
+  model = plan_lib.generator_model(section)
+  if model is not None:
+    return model, ""
+  if role == "solver" and config["synthetic"]["build_solver"]:
+    from kace import config as config_lib
+
+    tiny = config_lib.KaceConfig.from_dict(config).synthetic.tiny_solver()
+    sizes = (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+    )
+    model = ModelConfig(
+      **{k: getattr(tiny, k) for k in sizes},
+      max_position_embeddings=2048,
+      bos_token_id=None,
+      eos_token_ids=(1, 0),
+    )
+    return (
+      model,
+      f"the tiny solver built at run time (kace.synthetic), its vocabulary at most {tiny.vocab_size}",
+    )
+  return None, "no checkpoint directory or preset to read its model from"
+
+
+def check(
+  config: dict,
+  target: plan_lib.Target,
+  *,
+  headroom: float = plan_lib.HEADROOM,
+  prompt_tokens: int = PROMPT_TOKENS,
+):
+  """`launch.kace_eval` / `kace_build --dry_run`: every role that samples in this process (kind
+  jax), at its own `sampler.max_rows` rows and mesh, prompts of `prompt_tokens` (a model; the
+  CPU-scale tiny solver's `TINY_PROMPT_TOKENS`); the roles not planned, and why, in `notes`. It
+  fits when every program does (a config whose roles all run elsewhere has none)."""
+  budget = plan_lib.budget(target, headroom)
+  programs, notes = [], []
+  for role in ("solver", "classifier", "teacher", "curator", "router"):
+    model, why = role_model(config, role)
+    if model is None:
+      notes.append(f"{role}: not planned, {why}")
+      continue
+    section = config["roles"][role]
+    rows, new_tokens = (
+      section["sampler"]["max_rows"],
+      config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"],
+    )
+    prompt = TINY_PROMPT_TOKENS if why.startswith("the tiny solver") else prompt_tokens
+    program = plan_lib.generator_program(
+      f"sample ({role})", model, section, target, rows=rows, prompt_len=prompt, new_tokens=new_tokens
+    )
+    programs.append(dataclasses.replace(program, detail=f"{program.detail}; {why}") if why else program)
+  fits = all(p.peak <= budget for p in programs)
+  return plan_lib.Checked(programs=programs, fits=fits, notes=tuple(notes))

@@ -528,6 +528,73 @@ def sampler_program(
   )  # fmt: skip
 
 
+# ---- a generator's sampler, as a config section gives it ----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checked:
+  """A config's programs as given (no search): what a launcher's `--dry_run` prints (`run_plan`)."""
+
+  programs: list[ProgramPlan]
+  fits: bool
+  overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+  tried: tuple[str, ...] = ()
+  notes: tuple[str, ...] = ()  # what was not planned, and why
+
+
+def generator_model(role: dict) -> ModelConfig | None:
+  """The model of a generator section (`lm.generators.GeneratorConfig` fields): its checkpoint's
+  config.json where the directory is there, else its `preset`; None when neither names one."""
+  checkpoint = os.path.expanduser(role.get("checkpoint") or "")
+  if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")):
+    return ModelConfig.from_hf(checkpoint)
+  return ModelConfig.preset(role["preset"]) if role.get("preset") else None
+
+
+def generator_program(
+  name: str,
+  model_cfg: ModelConfig,
+  role: dict,
+  target: Target,
+  *,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+) -> ProgramPlan:
+  """The sampler program of a generator section on `target`: its mesh, dtype and sampler settings,
+  `rows` rows of `prompt_len` prompt tokens and `new_tokens` new ones (n = 1), named `name`."""
+  from lm.sampler import SamplerConfig
+
+  mesh_cfg = sharding_lib.MeshConfig(**role["mesh"])
+  devices = target_devices(target)
+  if (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tp) == (1, 1, 1):  # no mesh: the generator's one device
+    devices = devices[:1]
+  mesh = target_mesh(devices, mesh_cfg)
+  model = abstract_model(model_cfg, role["dtype"], mesh, sharding_lib.ShardingConfig())
+  sampler = SamplerConfig(**{**role["sampler"], "max_rows": rows})
+  program = sampler_program(
+    model, mesh, target, rows=rows, prompt_len=prompt_len, new_tokens=new_tokens, n=1, config=sampler
+  )
+  return dataclasses.replace(program, name=name)
+
+
+def check_server(
+  config: dict, target: Target, *, headroom: float = HEADROOM, prompt_tokens: int = 2048
+) -> Checked:
+  """`launch.serve --dry_run` (configs/serve.py): the server's sampler at its largest batch
+  (`server.max_batch_prompts` prompts, n = 1, `server.max_tokens` new tokens, prompts of
+  `prompt_tokens`: an assumption, stated in the program's notes)."""
+  model_cfg = generator_model(config["model"])
+  if model_cfg is None:
+    return Checked(programs=[], fits=False, notes=("model: neither a checkpoint directory nor a preset",))
+  server = config["server"]
+  program = generator_program(
+    "sample", model_cfg, config["model"], target, rows=server["max_batch_prompts"], prompt_len=prompt_tokens,
+    new_tokens=server["max_tokens"],
+  )  # fmt: skip
+  return Checked(programs=[program], fits=program.peak <= budget(target, headroom))
+
+
 # ---- runs and the table ------------------------------------------------------------------------
 
 
@@ -559,9 +626,9 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
     return {**record, "fits": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
   programs = [{**dataclasses.asdict(p), "peak": p.peak} for p in choice.programs]
   flags = [f"--config.{k}={v}" for k, v in choice.overrides.items()]
-  tried = list(choice.tried)
+  tried, notes = list(choice.tried), list(getattr(choice, "notes", ()))
   return {**record, "fits": choice.fits, "overrides": choice.overrides, "flags": flags, "programs": programs,
-          "tried": tried}  # fmt: skip
+          "tried": tried, **({"notes": notes} if notes else {})}  # fmt: skip
 
 
 def record_budget(record: dict) -> float:
@@ -595,6 +662,7 @@ def summary(record: dict) -> str:
       f"roofline {p['seconds']:.3g} s" + (f"; {p['detail']}" if p["detail"] else "")
     )
   lines += [f"  tried first: {t}" for t in record.get("tried", [])]
+  lines += [f"  note: {n}" for n in record.get("notes", [])]
   lines.append("  overrides: " + " ".join(record["flags"]))
   return "\n".join(lines)
 
