@@ -720,6 +720,17 @@ def render(records: list[dict], *, date: str) -> str:
     "applies a target's fitting overrides (the `TARGETS` tables of configs/dpa_grpo.py and",
     "configs/kace.py, checked against these records by tests/configs/targets_test.py).",
     "",
+    "Past one host: `2xv5p-64` is two v5p-64 slices over the data-center network (libtpu's topology",
+    "with `num_slices=2`; 50 Gb/s a chip), `2xh100x8` two 8-GPU H100 nodes (XLA:GPU's topology",
+    '"2x1x8"; 400 Gb/s InfiniBand a GPU). Their mesh keeps the preset\'s within a slice or node and is',
+    "data parallel across them (`lm.plan.across_slices`, laid out as `lm.sharding.make_mesh` lays a",
+    "multi-slice run), so only the gradients' all-reduce crosses that network: its time is a *model*",
+    "in the notes. The mesh: the preset's first; where it does not fit, every (data, fsdp, tp)",
+    "factorisation of the devices, least communication first (`lm.plan.mesh_candidates`; tp divides",
+    "the attention heads, the KV replicated where it does not divide the KV heads); the overrides",
+    "below name each mesh ruled out. Records from before this search (commits before 28113de) tried",
+    "the preset's mesh alone.",
+    "",
   ]
   for preset in dict.fromkeys(r["preset"] for r in records):
     out += [

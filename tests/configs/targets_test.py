@@ -48,6 +48,8 @@ def test_dpa_target_presets_parse_and_fit_by_the_plans_own_figures(target):
     typed.train.pairs_per_chunk == want["train.pairs_per_chunk"] and typed.loss.remat == want["loss.remat"]
   )
   record = _records()[("configs/dpa_grpo.py:qwen3_4b", target)]
+  for key in ("mesh.data", "mesh.fsdp", "mesh.tp"):  # past one host: the mesh the plan compiled
+    assert key not in want or want[key] == record["overrides"][key] == getattr(typed.mesh, key[5:])
   t = plan_lib.TARGETS[target]
   budget = plan_lib.budget(t) / GiB
   # The recorded accumulate peak at these pairs: the chosen program's, or a candidate's in `tried`.
