@@ -79,3 +79,16 @@ def test_dpa_choose_tries_meshes_in_order_and_names_the_ones_ruled_out(monkeypat
   assert [t.split(":")[0] for t in choice.tried] == ["mesh data=8 fsdp=1 tp=1", "mesh data=4 fsdp=2 tp=1"]
   seen.clear()
   assert not dpa_plan.choose(config, plan_lib.cpu_target(8, 2**30), search_mesh=False).fits and len(seen) == 1
+
+
+def test_the_sampler_floor_is_below_every_compiled_peak():
+  """The search skips a mesh whose floor exceeds the budget uncompiled: the floor must never exceed
+  what the compile then reads (tiny solver, three meshes, 8 rows)."""
+  config = _tiny_kace(8)
+  target = plan_lib.cpu_target(8, 2**30)
+  model = kace_plan.solver_model(config)
+  for shape in ((8, 1, 1), (1, 8, 1), (2, 2, 2)):
+    mesh = sharding.MeshConfig(*shape)
+    program = kace_plan.solver_program(config, target, rows=8, prompt_tokens=16, mesh=mesh)
+    floor = plan_lib.sampler_floor(model, "float32", shape, 8, 16 + 8)
+    assert 0 < floor <= program.peak, (shape, floor, program.peak)
