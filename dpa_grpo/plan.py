@@ -19,7 +19,7 @@ import jax
 from dpa_grpo import config as config_lib
 from dpa_grpo import game, packing, policies, step
 from lm import plan as plan_lib
-from lm import shapes
+from lm import progress, shapes
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 
@@ -247,6 +247,8 @@ def search(
       train=dataclasses.replace(base.train, pairs_per_chunk=pairs),
     )
     overrides = {"loss.remat": remat, "train.pairs_per_chunk": pairs, **_mesh_overrides(exp.mesh)}
+    label = plan_lib.mesh_label(exp.mesh, target.devices)
+    progress.say(f"plan {target.name}: compiling accumulate and apply, remat {remat}, {pairs} pairs, {label}")
     try:
       train_programs = programs(exp, target, sample=False, length=length)
     except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
@@ -265,6 +267,7 @@ def search(
   rows = base.sampler.max_rows
   while True:
     at = dataclasses.replace(exp, sampler=dataclasses.replace(exp.sampler, max_rows=rows))
+    progress.say(f"plan {target.name}: compiling the sampler at {rows} rows")
     try:
       (sampled,) = programs(at, target, train=False, length=length, prompt_tokens=prompt_tokens)
       why = None if sampled.peak <= budget else f"peak {sampled.peak / plan_lib.GiB:.1f} GiB"

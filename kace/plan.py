@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from lm import plan as plan_lib
+from lm import progress
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 from lm.sampler import SamplerConfig
@@ -89,6 +90,7 @@ def choose(
       if len(meshes) > 1 and floor > budget:
         tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
         continue
+      progress.say(f"plan {target.name}: compiling the solver at {at}")  # a search may take an hour
       try:
         program = solver_program(config, target, rows=rows, prompt_tokens=prompt_tokens, mesh=mesh)
       except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
