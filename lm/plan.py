@@ -683,7 +683,9 @@ COLUMNS = (
 
 
 def render(records: list[dict], *, date: str) -> str:
-  """docs/scale.md: every (preset, target) plan, one row per program, the sources marked."""
+  """docs/scale.md: every (preset, target) plan, one row per program, the sources marked; of a
+  (preset, target) planned more than once, the newest record (the last in `records`)."""
+  records = list({(r["preset"], r["target"]): r for r in records}.values())
   out = [
     "# Scale: the paper presets planned for TPU slices and GPU nodes",
     "",
