@@ -293,19 +293,33 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
 # sampler rows a call, each what the plan chose or compiled for that target (docs/scale.md, from
 # docs/results/plan.jsonl) read against `lm.plan.budget`: 90% of the memory JAX may use, on a GPU
 # the allocator's pool the launchers set (0.90 of the card, lm/memory.py). The mesh is the preset's
-# (fsdp over every device), as the plan compiled it. tests/configs/targets_test.py checks each
+# (fsdp over every device), as the plan compiled it; past one host, data parallel across the slices
+# or nodes and fsdp within (`lm.plan.across_slices`). tests/configs/targets_test.py checks each
 # entry against its plan record. A target left out of an entry's sampler rows: not compiled yet
 # (`UNPLANNED`); `launch.plan --target=<name>` plans it.
+def _across(nodes: int, within: int) -> dict:
+  """The mesh past one host: data parallel across `nodes` slices or nodes, fsdp over the `within`
+  devices of each (`lm.plan.across_slices`)."""
+  return {"mesh.data": nodes, "mesh.fsdp": within, "mesh.tp": 1}
+
+
 TARGETS = {
   "qwen3_4b": {
     "v5e-8": {"loss.remat": "full", "train.pairs_per_chunk": 8},  # accumulate 9.2 GiB of 14.4
     "v6e-8": {"loss.remat": "full", "train.pairs_per_chunk": 16},  # 16.8 GiB of 28.8
     "v5p-8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
     "v5p-64": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+    # two slices over DCN: accumulate 6.3 GiB, the sampler at 256 rows 44.2 GiB (compile), of 85.5
+    "2xv5p-64": {
+      **{"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+      **_across(2, 32),
+    },
     # compiled with the sampler copies: accumulate 59.6 GiB, the sampler at 32 rows 42.6 GiB, of 64.1
     # GiB (0.9 x the 0.90 pool); 64 sampler rows peak at 68.9 GiB
     "h100x1": {"loss.remat": "full", "train.pairs_per_chunk": 8, "sampler.max_rows": 32},
     "h100x8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
+    # two nodes: accumulate 17.6 GiB, the sampler at 256 rows 20.6 GiB (compile), of 64.1
+    "2xh100x8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256, **_across(2, 8)},
     # compiled likewise: accumulate 107.0 GiB, the sampler at 64 rows 69.0 GiB, of 113.7 (128: 121.7)
     "h200x1": {"loss.remat": "full", "train.pairs_per_chunk": 16, "sampler.max_rows": 64},
     "h200x8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},

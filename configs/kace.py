@@ -42,9 +42,14 @@ SOLVER_TEMPLATE = (
 
 # The plan's solver rows a call per preset and target (`qwen3_4b@<target>`; docs/scale.md, from
 # docs/results/plan.jsonl, read against `lm.plan.budget`: 90% of the memory JAX may use). v5e-8: no
-# row count fits the preset's mesh (every candidate refused); v6e-8: not planned yet.
+# row count fits the preset's data-parallel mesh; the mesh search's first fit is 8 rows on data 4 x
+# fsdp 2 (13.9 GiB of 14.4, compile); v6e-8: not planned yet.
 TARGETS = {
   "qwen3_4b": {
+    "v5e-8": {
+      "roles.solver.sampler.max_rows": 8,
+      **{"roles.solver.mesh.data": 4, "roles.solver.mesh.fsdp": 2, "roles.solver.mesh.tp": 1},
+    },
     "v5p-8": {"roles.solver.sampler.max_rows": 16},
     "v5p-64": {"roles.solver.sampler.max_rows": 16},
     "h100x1": {"roles.solver.sampler.max_rows": 8},  # 60.4 GiB of 64.1

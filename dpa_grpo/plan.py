@@ -19,7 +19,7 @@ import jax
 from dpa_grpo import config as config_lib
 from dpa_grpo import game, packing, policies, step
 from lm import plan as plan_lib
-from lm import shapes
+from lm import progress, shapes
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 
@@ -98,6 +98,11 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
   head, copied = plan_lib.sampler_held(pols.policy(trainable, frozen, role), mesh, exp.sampler)
+  detail = f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}"
+  if target.slices > 1:  # the step's one exchange across slices / nodes: its gradients' all-reduce
+    share = 2 * (target.slices - 1) / target.slices
+    seconds = share * plan_lib.tree_bytes(trainable) / target.dcn_bandwidth
+    detail += f"; gradient all-reduce across {target.slices} slices / nodes {seconds:.3g} s a step (model)"
   return ShapedStep(
     accumulate_args=(trainable, trainable, frozen, batch, key),
     accumulate_kwargs=dict(policies=pols, role=role, method=exp.method, loss_cfg=loss_cfg[role]),
@@ -110,7 +115,7 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
     mesh=mesh,
     shard=shard,
     model=(fwd * passes, weights * passes),
-    detail=f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}",
+    detail=detail,
     sampler_head=head,
     sampler_copy=copied,
   )
@@ -187,14 +192,51 @@ def choose(
   sample: bool = True,
   length: int = 0,
   prompt_tokens: int = PROMPT_TOKENS,
+  search_mesh: bool = True,
 ) -> Choice:
-  """The first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit `target`'s
-  budget (`lm.plan.budget`: the memory JAX may use less `headroom`), then the most sampler rows a
-  call (the config's `sampler.max_rows`, halved until it fits) whose program fits beside them; the
-  last one tried when none does. It fits only when every program does. `config`: a preset's
-  `to_dict()`. The mesh is the preset's (fsdp over every device unless it says otherwise)."""
+  """The first mesh (`lm.plan.mesh_candidates`: the preset's, data parallel across slices, first;
+  then the least communication first) on which `search` fits `target`'s budget (`lm.plan.budget`:
+  the memory JAX may use less `headroom`); the preset mesh's search when none does. `tried` names
+  each mesh ruled out with its last candidate's reason. `config`: a preset's `to_dict()`;
+  `search_mesh=False`: the preset's mesh only."""
   budget = plan_lib.budget(target, headroom)
   base = config_lib.ExperimentConfig.from_dict(config)
+  model_cfg = ModelConfig.preset(base.model.preset, **dict(base.model.overrides))
+  meshes = plan_lib.mesh_candidates(target, model_cfg, plan_lib.across_slices(base.mesh, target))
+  meshes = meshes if search_mesh else meshes[:1]
+  first, ruled_out = None, []
+  for mesh, note in meshes:
+    at = dataclasses.replace(base, mesh=mesh)
+    choice = search(at, target, budget, sample=sample, length=length, prompt_tokens=prompt_tokens)
+    first = first or choice
+    if choice.fits:
+      if note:  # the KV heads replicated over tp: said beside the programs
+        choice = dataclasses.replace(
+          choice,
+          programs=[
+            dataclasses.replace(p, detail=f"{p.detail}; {note}".lstrip("; ")) for p in choice.programs
+          ],
+        )
+      return dataclasses.replace(choice, tried=(*ruled_out, *choice.tried))
+    label = plan_lib.mesh_label(mesh, target.devices) + (f" ({note})" if note else "")
+    last = choice.tried[-1] if choice.tried else "peak over budget"
+    ruled_out.append(f"{label}: no candidate fits, the last {last}")
+  return dataclasses.replace(first, tried=(*first.tried, *ruled_out[1:]))
+
+
+def search(
+  base: config_lib.ExperimentConfig,
+  target: plan_lib.Target,
+  budget: int,
+  *,
+  sample: bool = True,
+  length: int = 0,
+  prompt_tokens: int = PROMPT_TOKENS,
+) -> Choice:
+  """On `base`'s mesh: the first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit
+  `budget`, then the most sampler rows a call (the config's `sampler.max_rows`, halved until it
+  fits) whose program fits beside them; the last one tried when none does. It fits only when every
+  program does; the sampler is not compiled when no training candidate fits."""
   choice, tried, exp = None, [], base
   start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
   for remat, divide in CANDIDATES[start:]:
@@ -205,6 +247,8 @@ def choose(
       train=dataclasses.replace(base.train, pairs_per_chunk=pairs),
     )
     overrides = {"loss.remat": remat, "train.pairs_per_chunk": pairs, **_mesh_overrides(exp.mesh)}
+    label = plan_lib.mesh_label(exp.mesh, target.devices)
+    progress.say(f"plan {target.name}: compiling accumulate and apply, remat {remat}, {pairs} pairs, {label}")
     try:
       train_programs = programs(exp, target, sample=False, length=length)
     except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
@@ -218,11 +262,12 @@ def choose(
     if choice.fits:
       break
     tried.append(f"remat {remat}, {pairs} pairs: peak {peak / plan_lib.GiB:.1f} GiB")
-  if not sample:
+  if not sample or not choice.fits:  # the sampler runs beside training: no use planning it alone
     return choice
   rows = base.sampler.max_rows
   while True:
     at = dataclasses.replace(exp, sampler=dataclasses.replace(exp.sampler, max_rows=rows))
+    progress.say(f"plan {target.name}: compiling the sampler at {rows} rows")
     try:
       (sampled,) = programs(at, target, train=False, length=length, prompt_tokens=prompt_tokens)
       why = None if sampled.peak <= budget else f"peak {sampled.peak / plan_lib.GiB:.1f} GiB"

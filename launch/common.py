@@ -98,6 +98,37 @@ def define_workdir(*, config_change: bool = True) -> flags.FlagHolder:
   return WORKDIR
 
 
+DRY_RUN: flags.FlagHolder | None = None  # `define_dry_run`'s flag
+
+
+def define_dry_run() -> flags.FlagHolder:
+  """Defines `--dry_run` for a launcher that loads a model (`dry_run` runs it)."""
+  global DRY_RUN
+  if "dry_run" not in flags.FLAGS:
+    DRY_RUN = flags.DEFINE_bool(
+      "dry_run",
+      False,
+      "Check the config, compile its programs for this host's devices and print their memory against "
+      "the budget (lm.plan), then stop: nothing is written, --workdir is not created. Exit 1 if a "
+      "program does not fit.",
+    )
+  return DRY_RUN
+
+
+def dry_run(check: Callable[..., Any], config: Any, name: str = "config") -> NoReturn:
+  """`--dry_run` of every launcher that loads a model: prints `check`'s plan (`check(config_dict,
+  target, headroom=...)`, the launcher's programs as its config gives them, no search) for this
+  host's devices (`lm.plan.local_target`), and exits 0 if every program fits, else 1. It writes
+  nothing: call it before anything makes a directory or builds an artefact."""
+  from lm import plan as plan_lib
+
+  path, preset = config_source(name)
+  preset = f"{os.path.relpath(path, ROOT)}:{preset}"
+  record = plan_lib.run_plan(check, preset, config.to_dict(), plan_lib.local_target(), plan_lib.HEADROOM)
+  print(plan_lib.summary(record))
+  sys.exit(0 if record.get("fits") else 1)
+
+
 # ---- config files and their overrides -----------------------------------------------------------------
 
 

@@ -14,10 +14,6 @@ docs/dpa_grpo.md.
                                             # devices, writes nothing; exit 1 if it does not fit
 """
 
-import sys
-
-from absl import flags
-
 from dpa_grpo import reproduce
 from dpa_grpo.config import ExperimentConfig
 from launch import common
@@ -32,35 +28,17 @@ def typed_config(config) -> ExperimentConfig:
   return ExperimentConfig.from_dict(config.to_dict())
 
 
-_DRY_RUN = flags.DEFINE_bool(
-  "dry_run",
-  False,
-  "Check the config, compile its programs for this host's devices and print their memory against "
-  "the budget (lm.plan), then stop: nothing is written, --workdir is not created. Exit 1 if a "
-  "program does not fit.",
-)
-
-
-def dry_run(config_dict: dict) -> bool:
-  """Prints the plan of the config's programs (accumulate, apply, the sampler) for this host's
-  devices (`dpa_grpo.plan.check`); whether they fit."""
-  from dpa_grpo import plan as dpa_plan
-  from lm import plan as plan_lib
-
-  path, preset = common.config_source("config")
-  record = plan_lib.run_plan(
-    dpa_plan.check, f"{path}:{preset}", config_dict, plan_lib.local_target(), plan_lib.HEADROOM
-  )
-  print(plan_lib.summary(record))
-  return bool(record.get("fits"))
+_DRY_RUN = common.define_dry_run()
 
 
 def main(argv):
   del argv
   config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
-  if _DRY_RUN.value:
-    sys.exit(0 if dry_run(_CONFIG.value.to_dict()) else 1)
+  if _DRY_RUN.value:  # accumulate, apply and the sampler as the config gives them
+    from dpa_grpo import plan as dpa_plan
+
+    common.dry_run(dpa_plan.check, _CONFIG.value)
   workdir = common.prepare_workdir(config)
   with common.work(f"{config.method} into {workdir}"):
     reproduce.run(config, workdir, allow_config_change=common.ALLOW_CONFIG_CHANGE.value)

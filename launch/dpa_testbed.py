@@ -4,6 +4,7 @@ docs/dpa_grpo.md (the testbed section).
 
   python -m launch.dpa_testbed --workdir=runs/dpa_testbed
   python -m launch.dpa_testbed --workdir=/tmp/t --seeds=0 --arms=dpa_k1,grpo --config.train.steps=2
+  python -m launch.dpa_testbed --workdir=/tmp/t --dry_run   # the step's memory plan; writes nothing
 
 A warm start that fails a gate stops the run (GateError) before any arm trains: gates.json says
 which. A finished arm / seed is not rerun; a rerun with another config stops unless
@@ -21,6 +22,7 @@ from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/dpa_grpo.py:testbed")
 common.define_workdir()
+_DRY_RUN = common.define_dry_run()
 _ARMS = flags.DEFINE_list(
   "arms",
   [],
@@ -79,6 +81,10 @@ def main(argv):
   except ValueError:
     common.fail(f"--seeds must be integers, got {_SEEDS.value}")
   sharding.initialize_distributed()
+  if _DRY_RUN.value:  # every arm trains the same programs: accumulate, apply, the sampler
+    from dpa_grpo import plan as dpa_plan
+
+    common.dry_run(dpa_plan.check, _CONFIG.value)
   workdir = common.WORKDIR.value
   if _EXPORT.value:
     with common.work(f"warm start and its gates into {workdir}, then {_EXPORT.value}"):

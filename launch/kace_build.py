@@ -4,6 +4,7 @@ r"""Learns the artefacts (KACE trees, ablation trees, ACE playbook, GEPA prompt)
 python -m launch.kace_build --workdir=/tmp/kace_build '--config.methods=("kace",)'     # CPU scale
 python -m launch.kace_eval --workdir=/tmp/kace_eval --config.learn.dir=/tmp/kace_build \
     --config.kace.tree=/tmp/kace_build/kace/tree.json
+python -m launch.kace_build --workdir=/tmp/kace_build --dry_run   # memory plan only; writes nothing
 """
 
 from kace import budget, data, pipeline
@@ -13,6 +14,7 @@ from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/kace.py")
 common.define_workdir()
+_DRY_RUN = common.define_dry_run()
 
 
 def typed_config(config) -> kace_config.KaceConfig:
@@ -23,6 +25,10 @@ def typed_config(config) -> kace_config.KaceConfig:
 def main(_):
   config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
+  if _DRY_RUN.value:
+    from kace import plan as kace_plan
+
+    common.dry_run(kace_plan.check, _CONFIG.value)
   workdir = common.prepare_workdir(config)
   with common.work(f"build into {workdir}"):
     try:

@@ -2,6 +2,8 @@
 
 python -m launch.kace_eval --workdir=/tmp/kace_run                      # CPU scale, a few minutes
 python -m launch.kace_eval --config=configs/kace.py:openai --workdir=... --config.roles.solver.base_url=...
+python -m launch.kace_eval --workdir=/tmp/kace_run --dry_run   # the in-process roles' memory plan for
+                                                                # this host's devices; writes nothing
 """
 
 from kace import budget, data, evaluate, methods
@@ -11,6 +13,7 @@ from lm import sharding
 
 _CONFIG = common.define_config("config", "configs/kace.py")
 common.define_workdir()
+_DRY_RUN = common.define_dry_run()
 
 
 def typed_config(config) -> kace_config.KaceConfig:
@@ -21,6 +24,10 @@ def typed_config(config) -> kace_config.KaceConfig:
 def main(_):
   config = common.typed(_CONFIG, typed_config)  # typed once, here
   sharding.initialize_distributed()
+  if _DRY_RUN.value:  # before `resolve`, which may build the CPU solver into its cache
+    from kace import plan as kace_plan
+
+    common.dry_run(kace_plan.check, _CONFIG.value)
   # resolved first: evaluate.run records the resolved config, which a resume must compare against
   with common.work(f"evaluation into {common.WORKDIR.value}"):
     config = evaluate.resolve(config)

@@ -1,7 +1,9 @@
 r"""Plans a preset for a target: compiles its programs ahead of time, picks remat / micro-batch /
 sampler rows that fit the target's budget (`lm.plan.budget`: 90% of the memory JAX may use, on a GPU
-its allocator pool, lm/memory.py), prints `--config.*` overrides (docs/scale.md). The mesh is the
-preset's (`--config.mesh.*` plans another); each record carries the code's commit.
+its allocator pool, lm/memory.py), and the mesh: the preset's first, then every (data, fsdp, tp)
+factorisation of the target's devices, least communication first (`lm.plan.mesh_candidates`;
+`--nosearch_mesh`: the preset's only). Prints `--config.*` overrides (docs/scale.md); each record
+carries the code's commit.
 
   python -m launch.plan --config=configs/dpa_grpo.py:qwen3_4b --target=h100x8
   python -m launch.plan --config=configs/kace.py:qwen3_4b --target=v5p-8 --out=docs/results/plan.jsonl
@@ -55,6 +57,11 @@ _HEADROOM = flags.DEFINE_float(
   "Share of the memory JAX may use (on a GPU its allocator's pool, lm/memory.py) left free by the plan.",
 )
 _SAMPLE = flags.DEFINE_bool("sample", True, "DPA-GRPO: also compile the sampler's program (slow to compile).")
+_SEARCH_MESH = flags.DEFINE_bool(
+  "search_mesh",
+  True,
+  "Search (data, fsdp, tp) meshes when the preset's own does not fit (lm.plan.mesh_candidates).",
+)
 _OUT = flags.DEFINE_string("out", "", "Append each (preset, target) result as a JSON line here.")
 _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markdown and exit.")
 _MARKDOWN = flags.DEFINE_string("markdown", "docs/scale.md", "Where --render writes the table.")
@@ -110,12 +117,18 @@ def main(argv):
   preset = f"{os.path.relpath(path, common.ROOT)}:{preset_name}"  # as the table names it
   # The job's planner: DPA-GRPO trains (accumulate, apply, sampler), KACE samples only.
   kace = "kace" in os.path.basename(path)
-  choose = kace_plan.choose if kace else functools.partial(dpa_plan.choose, sample=_SAMPLE.value)
+  search = dict(search_mesh=_SEARCH_MESH.value)
+  choose = (
+    functools.partial(kace_plan.choose, **search)
+    if kace
+    else functools.partial(dpa_plan.choose, sample=_SAMPLE.value, **search)
+  )
+  commit = _commit()  # the code that runs, read before the compiles (edits made meanwhile are not theirs)
   for name in names:
     target = plan_lib.TARGETS[name]
     result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
     result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
-    result["commit"] = _commit()
+    result["commit"] = commit
     print(plan_lib.summary(result))
     if _OUT.value:
       os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

@@ -4,6 +4,8 @@ r"""Serves a local JAX checkpoint over an OpenAI-compatible HTTP API. See config
   python -m launch.serve --config=configs/serve.py:tiny       # on a CPU: random weights, no download
   python -m launch.serve --config=configs/serve.py:tiny --config.model.tokenizer=/tmp/tok \
       --config.server.port=8001 --config.server.max_tokens=64
+  python -m launch.serve --config=configs/serve.py:tiny --dry_run  # the sampler's memory plan at the
+                                                 # largest batch, for this host's devices; no server
 
 The checkpoint, the tokenizer and every server limit are checked before the model loads: a missing
 directory or a bad limit stops in one line, exit status 2.
@@ -16,6 +18,7 @@ from launch import common
 from lm import progress, server, sharding, tokenizer
 
 _CONFIG = common.define_config("config", "configs/serve.py")
+_DRY_RUN = common.define_dry_run()
 
 
 def typed_config(config) -> dict[str, Any]:
@@ -50,6 +53,10 @@ def build_tokenizer(path: str) -> str:
 def main(_):
   common.typed(_CONFIG, typed_config)
   config = _CONFIG.value
+  if _DRY_RUN.value:  # before the tokenizer is built: a dry run writes nothing
+    from lm import plan as plan_lib
+
+    common.dry_run(plan_lib.check_server, config)
   if not config.model.checkpoint and not config.model.tokenizer:
     config.model.tokenizer = build_tokenizer(config.build_tokenizer)
     progress.say(f"random weights; the byte-level tokenizer is {config.model.tokenizer}")

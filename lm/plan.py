@@ -43,9 +43,12 @@ class Target:
   """A machine to plan for: its devices and their published figures (per chip).
 
   platform: "tpu" (libtpu topology `topology`, e.g. "v5p:2x2x1"), "cuda" (`target_config`, a text
-  proto under lm/targets, `devices` GPUs on one host), "cpu" (this host's devices; tests) or
-  "local" (this host's accelerators, `local_target`: the device check).
+  proto under lm/targets, `devices` GPUs over `slices` hosts), "cpu" (this host's devices; tests)
+  or "local" (this host's accelerators, `local_target`: the device check).
   hbm_bytes: memory per device; hbm_bandwidth: bytes/s; peak_flops: dense bf16 FLOP/s.
+  slices: TPU slices joined over the data-center network (DCN), or GPU nodes joined over their
+    network; the mesh's data axis is outermost across them (`across_slices`), fsdp and tp within.
+  dcn_bandwidth: bytes/s per device between slices or nodes (published; 0: one slice or node).
   """
 
   name: str
@@ -57,10 +60,16 @@ class Target:
   topology: str = ""
   target_config: str = ""
   note: str = ""
+  slices: int = 1
+  dcn_bandwidth: float = 0.0
 
 
 # Published per-chip figures (Google Cloud TPU docs; NVIDIA datasheets, SXM parts). A TPU "-N" name
-# counts TensorCores for v5p (2 a chip: v5p-8 is 4 chips) and chips for v5e / v6e.
+# counts TensorCores for v5p (2 a chip: v5p-8 is 4 chips) and chips for v5e / v6e. Past one slice or
+# node: "2xv5p-64" is two v5p-64 slices over DCN (Cloud TPU's v5p table: 50 Gbps DCN a chip, against
+# 1,200 GB/s ICI within a slice); "2xh100x8" two 8-GPU H100 nodes (DGX H100: one 400 Gb/s
+# ConnectX-7 NIC a GPU, 50 GB/s, against NVLink's 900 GB/s within a node). CUDA's deviceless
+# topology is "<NVLink domains>x<hosts a domain>x<GPUs a host>": each node its own NVLink domain.
 TARGETS = {
   t.name: t
   for t in (
@@ -72,10 +81,16 @@ TARGETS = {
            hbm_bandwidth=2765e9, peak_flops=459e12, note="4 chips"),
     Target(name="v5p-64", platform="tpu", topology="v5p:2x4x4", devices=32, hbm_bytes=95 * GiB,
            hbm_bandwidth=2765e9, peak_flops=459e12, note="32 chips"),
+    Target(name="2xv5p-64", platform="tpu", topology="v5p:2x4x4", devices=64, hbm_bytes=95 * GiB,
+           hbm_bandwidth=2765e9, peak_flops=459e12, slices=2, dcn_bandwidth=50e9 / 8,
+           note="2 slices x 32 chips over DCN"),
     Target(name="h100x1", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=1,
            hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12),
     Target(name="h100x8", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=8,
            hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12),
+    Target(name="2xh100x8", platform="cuda", target_config="h100_sxm_80gb.textproto", devices=16,
+           hbm_bytes=84_942_979_072, hbm_bandwidth=3.35e12, peak_flops=989e12, slices=2,
+           dcn_bandwidth=400e9 / 8, note="2 nodes x 8 GPUs over InfiniBand"),
     Target(name="h200x1", platform="cuda", target_config="h200_141gb.textproto", devices=1,
            hbm_bytes=150_754_820_096, hbm_bandwidth=4.8e12, peak_flops=989e12),
     Target(name="h200x8", platform="cuda", target_config="h200_141gb.textproto", devices=8,
@@ -171,16 +186,89 @@ def target_devices(target: Target) -> list:
   from jax.experimental import topologies
 
   if target.platform == "tpu":
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=target.topology).devices)
+    slices = {"num_slices": target.slices} if target.slices > 1 else {}
+    desc = topologies.get_topology_desc(platform="tpu", topology_name=target.topology, **slices)
+    return list(desc.devices)
   with open(os.path.join(TARGET_DIR, target.target_config)) as f:
     text = f.read()
-  desc = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{target.devices}")
+  topology = f"{target.slices}x1x{target.devices // target.slices}"  # NVLink domains x hosts x GPUs
+  desc = topologies.get_topology_desc(platform="cuda", target_config=text, topology=topology)
   return list(desc.devices)
 
 
+def across_slices(mesh: sharding_lib.MeshConfig, target: Target) -> sharding_lib.MeshConfig:
+  """`mesh` on a target of several slices or nodes: the preset's mesh within one slice, data
+  parallel across them (data x slices), so that only the gradients' all-reduce crosses the slow
+  network; `mesh` itself on one slice, or when its data axis is already a multiple of the slices."""
+  if target.slices == 1:
+    return mesh
+  data, fsdp, tp = mesh.shape(target.devices)
+  if data % target.slices == 0:
+    return sharding_lib.MeshConfig(data=data, fsdp=fsdp, tp=tp)
+  data, fsdp, tp = mesh.shape(target.devices // target.slices)
+  return sharding_lib.MeshConfig(data=data * target.slices, fsdp=fsdp, tp=tp)
+
+
+def mesh_label(mesh: sharding_lib.MeshConfig, devices: int) -> str:
+  data, fsdp, tp = mesh.shape(devices)
+  return f"mesh data={data} fsdp={fsdp} tp={tp}"
+
+
+def mesh_candidates(
+  target: Target, config: ModelConfig, first: sharding_lib.MeshConfig
+) -> list[tuple[sharding_lib.MeshConfig, str]]:
+  """The (data, fsdp, tp) meshes a plan searches over `target`'s devices, in order, each with a note.
+
+  First `first` (the preset's mesh, `across_slices`), so a preset that fits keeps its mesh. Then
+  every other factorisation, the least communication first, as the remat candidates run fastest
+  first: fewer tp (tp exchanges activations in every layer), then more data (data parallelism
+  exchanges only the gradients, fsdp gathers the weights in every layer). On several slices or
+  nodes data is a multiple of them (only data parallelism crosses the slow network). tp splits the
+  attention heads, so it must divide them; where it does not divide the KV heads the KV projections
+  and cache are replicated over it (`lm.sharding.fit_spec`), which the note says.
+  """
+  n, slices = target.devices, target.slices
+  divisors = [d for d in range(1, n + 1) if n % d == 0]
+  out = [sharding_lib.MeshConfig(*first.shape(n))]
+  for tp in divisors:
+    if config.num_heads % tp:
+      continue
+    for data in sorted((d for d in divisors if (n // tp) % d == 0), reverse=True):
+      mesh = sharding_lib.MeshConfig(data=data, fsdp=n // tp // data, tp=tp)
+      if data % slices == 0 and mesh not in out:
+        out.append(mesh)
+
+  def note(mesh: sharding_lib.MeshConfig) -> str:
+    if config.num_kv_heads % mesh.tp:
+      kv = config.num_kv_heads
+      return f"tp={mesh.tp} does not divide the {kv} KV heads: KV projections and cache replicated"
+    return ""
+
+  return [(m, note(m)) for m in out]
+
+
+def sampler_floor(
+  config: ModelConfig, dtype: Any, shape: tuple[int, int, int], rows: int, length: int
+) -> int:
+  """A lower bound on the sampler's per-device peak on a (data, fsdp, tp) mesh (a model): its weights
+  split over every model axis (the decode layout, `lm.sharding.DECODE_SHARDING`) and the KV cache of
+  its rows over data and over the KV heads at most. Replication, bucketing and temporaries only add
+  to it, so a mesh whose floor exceeds the budget cannot fit and is not compiled."""
+  data, fsdp, tp = shape
+  itemsize = jnp.dtype(dtype).itemsize
+  weights = param_count(config) * itemsize / (fsdp * tp)
+  kv_row = 2 * config.num_layers * config.num_kv_heads * config.head_dim * length * itemsize
+  kv = math.ceil(rows / data) * kv_row / min(fsdp * tp, config.num_kv_heads)
+  return int(weights + kv)
+
+
 def target_mesh(devices: Sequence, mesh: sharding_lib.MeshConfig) -> Mesh:
-  """The run's (data, fsdp, tp) mesh over the target's devices."""
+  """The run's (data, fsdp, tp) mesh over the target's devices, in their order (a GPU node's
+  devices are contiguous, so data outermost splits nodes first); over several TPU slices as
+  `lm.sharding.make_mesh` lays it (data across slices)."""
   shape = mesh.shape(len(devices))
+  if sharding_lib.slice_count(devices) > 1:
+    return Mesh(sharding_lib.device_grid(shape, devices), sharding_lib.MESH_AXES)
   return Mesh(np.asarray(devices, dtype=object).reshape(shape), sharding_lib.MESH_AXES)
 
 
@@ -449,6 +537,73 @@ def sampler_program(
   )  # fmt: skip
 
 
+# ---- a generator's sampler, as a config section gives it ----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checked:
+  """A config's programs as given (no search): what a launcher's `--dry_run` prints (`run_plan`)."""
+
+  programs: list[ProgramPlan]
+  fits: bool
+  overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+  tried: tuple[str, ...] = ()
+  notes: tuple[str, ...] = ()  # what was not planned, and why
+
+
+def generator_model(role: dict) -> ModelConfig | None:
+  """The model of a generator section (`lm.generators.GeneratorConfig` fields): its checkpoint's
+  config.json where the directory is there, else its `preset`; None when neither names one."""
+  checkpoint = os.path.expanduser(role.get("checkpoint") or "")
+  if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")):
+    return ModelConfig.from_hf(checkpoint)
+  return ModelConfig.preset(role["preset"]) if role.get("preset") else None
+
+
+def generator_program(
+  name: str,
+  model_cfg: ModelConfig,
+  role: dict,
+  target: Target,
+  *,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+) -> ProgramPlan:
+  """The sampler program of a generator section on `target`: its mesh, dtype and sampler settings,
+  `rows` rows of `prompt_len` prompt tokens and `new_tokens` new ones (n = 1), named `name`."""
+  from lm.sampler import SamplerConfig
+
+  mesh_cfg = sharding_lib.MeshConfig(**role["mesh"])
+  devices = target_devices(target)
+  if (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tp) == (1, 1, 1):  # no mesh: the generator's one device
+    devices = devices[:1]
+  mesh = target_mesh(devices, mesh_cfg)
+  model = abstract_model(model_cfg, role["dtype"], mesh, sharding_lib.ShardingConfig())
+  sampler = SamplerConfig(**{**role["sampler"], "max_rows": rows})
+  program = sampler_program(
+    model, mesh, target, rows=rows, prompt_len=prompt_len, new_tokens=new_tokens, n=1, config=sampler
+  )
+  return dataclasses.replace(program, name=name)
+
+
+def check_server(
+  config: dict, target: Target, *, headroom: float = HEADROOM, prompt_tokens: int = 2048
+) -> Checked:
+  """`launch.serve --dry_run` (configs/serve.py): the server's sampler at its largest batch
+  (`server.max_batch_prompts` prompts, n = 1, `server.max_tokens` new tokens, prompts of
+  `prompt_tokens`: an assumption, stated in the program's notes)."""
+  model_cfg = generator_model(config["model"])
+  if model_cfg is None:
+    return Checked(programs=[], fits=False, notes=("model: neither a checkpoint directory nor a preset",))
+  server = config["server"]
+  program = generator_program(
+    "sample", model_cfg, config["model"], target, rows=server["max_batch_prompts"], prompt_len=prompt_tokens,
+    new_tokens=server["max_tokens"],
+  )  # fmt: skip
+  return Checked(programs=[program], fits=program.peak <= budget(target, headroom))
+
+
 # ---- runs and the table ------------------------------------------------------------------------
 
 
@@ -470,6 +625,8 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
     hbm_gib=target.hbm_bytes / GiB, pool_gib=pool_bytes(target) / GiB,
     budget_gib=budget(target, headroom) / GiB, headroom=headroom, jax=jax.__version__,
   )  # fmt: skip
+  if target.slices > 1:
+    record |= dict(slices=target.slices, dcn_gbps=target.dcn_bandwidth * 8 / 1e9)
   if target.platform == "cuda":
     record["mem_fraction"] = memory.gpu_fraction()
   try:
@@ -478,9 +635,9 @@ def run_plan(choose: Callable, preset: str, config: dict, target: Target, headro
     return {**record, "fits": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
   programs = [{**dataclasses.asdict(p), "peak": p.peak} for p in choice.programs]
   flags = [f"--config.{k}={v}" for k, v in choice.overrides.items()]
-  tried = list(choice.tried)
+  tried, notes = list(choice.tried), list(getattr(choice, "notes", ()))
   return {**record, "fits": choice.fits, "overrides": choice.overrides, "flags": flags, "programs": programs,
-          "tried": tried}  # fmt: skip
+          "tried": tried, **({"notes": notes} if notes else {})}  # fmt: skip
 
 
 def record_budget(record: dict) -> float:
@@ -497,7 +654,10 @@ def _pool_words(record: dict) -> str:
 
 def summary(record: dict) -> str:
   """A plan record as a few lines of text."""
-  head = f"{record['preset']} on {record['target']} ({record['devices']} x {record['hbm_gib']:.1f} GiB)"
+  head = f"{record['preset']} on {record['target']} ({record['devices']} x {record['hbm_gib']:.1f} GiB"
+  if record.get("slices", 1) > 1:
+    head += f"; {record['slices']} slices / nodes, {record['dcn_gbps']:g} Gb/s a device between them"
+  head += ")"
   if "error" in record:
     return f"{head}: no plan: {record['error']}"
   verdict = "fits" if record["fits"] else "DOES NOT FIT"
@@ -511,6 +671,7 @@ def summary(record: dict) -> str:
       f"roofline {p['seconds']:.3g} s" + (f"; {p['detail']}" if p["detail"] else "")
     )
   lines += [f"  tried first: {t}" for t in record.get("tried", [])]
+  lines += [f"  note: {n}" for n in record.get("notes", [])]
   lines.append("  overrides: " + " ".join(record["flags"]))
   return "\n".join(lines)
 
@@ -531,7 +692,9 @@ COLUMNS = (
 
 
 def render(records: list[dict], *, date: str) -> str:
-  """docs/scale.md: every (preset, target) plan, one row per program, the sources marked."""
+  """docs/scale.md: every (preset, target) plan, one row per program, the sources marked; of a
+  (preset, target) planned more than once, the newest record (the last in `records`)."""
+  records = list({(r["preset"], r["target"]): r for r in records}.values())
   out = [
     "# Scale: the paper presets planned for TPU slices and GPU nodes",
     "",
@@ -568,6 +731,17 @@ def render(records: list[dict], *, date: str) -> str:
     "applies a target's fitting overrides (the `TARGETS` tables of configs/dpa_grpo.py and",
     "configs/kace.py, checked against these records by tests/configs/targets_test.py).",
     "",
+    "Past one host: `2xv5p-64` is two v5p-64 slices over the data-center network (libtpu's topology",
+    "with `num_slices=2`; 50 Gb/s a chip), `2xh100x8` two 8-GPU H100 nodes (XLA:GPU's topology",
+    '"2x1x8"; 400 Gb/s InfiniBand a GPU). Their mesh keeps the preset\'s within a slice or node and is',
+    "data parallel across them (`lm.plan.across_slices`, laid out as `lm.sharding.make_mesh` lays a",
+    "multi-slice run), so only the gradients' all-reduce crosses that network: its time is a *model*",
+    "in the notes. The mesh: the preset's first; where it does not fit, every (data, fsdp, tp)",
+    "factorisation of the devices, least communication first (`lm.plan.mesh_candidates`; tp divides",
+    "the attention heads, the KV replicated where it does not divide the KV heads); the overrides",
+    "below name each mesh ruled out. Records from before this search (commits before 28113de) tried",
+    "the preset's mesh alone.",
+    "",
   ]
   for preset in dict.fromkeys(r["preset"] for r in records):
     out += [
@@ -582,10 +756,10 @@ def render(records: list[dict], *, date: str) -> str:
       if "error" in r:
         out.append(f"| {r['target']} | no | — | | | | | | | | {r['error'][:160]} |")
         continue
-      if not r["programs"]:  # the compiler refused every candidate: no setting of this mesh fits
+      if not r["programs"]:  # every candidate refused or ruled out: no setting searched fits
         last = (r.get("tried") or ["refused"])[-1][:200]
-        out.append(f"| {r['target']} | no | — | | | | | | | | every candidate refused; the last: {last} |")
-        flags_by_target.append(f"- {r['target']}: none fits with this mesh (tried: {'; '.join(r['tried'])})")
+        out.append(f"| {r['target']} | no | — | | | | | | | | no candidate fits; the last: {last} |")
+        flags_by_target.append(f"- {r['target']}: none fits (tried: {'; '.join(r['tried'])})")
         continue
       for p in r["programs"]:
         share, fits = p["peak"] / GiB / r["hbm_gib"], p["peak"] / GiB <= record_budget(r)
@@ -604,5 +778,5 @@ def render(records: list[dict], *, date: str) -> str:
     missing = [t for t in TARGETS if t not in {r["target"] for r in records if r["preset"] == preset}]
     out += ["", "Overrides the plan chose (`--config.*`):", "", *flags_by_target, ""]
     if missing:
-      out += [f"Not planned in this run (its compile did not finish in time): {', '.join(missing)}.", ""]
+      out += [f"Not in these records (not planned in this run): {', '.join(missing)}.", ""]
   return "\n".join(out) + "\n"

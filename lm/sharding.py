@@ -116,12 +116,41 @@ class MeshConfig:
     return tuple(sizes)
 
 
+def slice_count(devices) -> int:
+  """How many TPU slices `devices` span (a multi-slice job over the data-center network, DCN:
+  `slice_index`); 1 for one slice, a GPU node or CPU devices."""
+  return len({getattr(d, "slice_index", None) or 0 for d in devices})
+
+
+def device_grid(shape: tuple[int, ...], devices) -> Any:
+  """The devices of a (data, fsdp, tp) mesh as an array of that shape. Over several TPU slices the
+  data axis is outermost across them (as maxtext's `num_slices`: only data parallelism crosses the
+  slow DCN; fsdp and tp stay within a slice's ICI), so data must be a multiple of the slices;
+  `jax.make_mesh` refuses devices of several slices, hence `create_hybrid_device_mesh`."""
+  slices = slice_count(devices)
+  if slices == 1:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices).devices
+  if shape[0] % slices:
+    raise ValueError(
+      f"mesh {tuple(shape)} over {slices} slices: mesh.data must be a multiple of {slices} (data parallel "
+      "across slices; fsdp and tp within one)"
+    )
+  from jax.experimental import mesh_utils
+
+  per_slice = (shape[0] // slices, *shape[1:])
+  dcn = (slices,) + (1,) * (len(shape) - 1)
+  return mesh_utils.create_hybrid_device_mesh(per_slice, dcn, devices, process_is_granule=False)
+
+
 def make_mesh(config: MeshConfig | None = None, devices: list[jax.Device] | None = None) -> Mesh:
-  """A global mesh over all devices of all hosts (or the given ones), axes (data, fsdp, tp)."""
+  """A global mesh over all devices of all hosts (or the given ones), axes (data, fsdp, tp); over
+  several TPU slices the data axis spans them (`device_grid`)."""
   config = config or MeshConfig()
   devices = list(devices) if devices is not None else jax.devices()
   shape = config.shape(len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+  if slice_count(devices) == 1:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+  return Mesh(device_grid(shape, devices), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 # ---- partition specs ---------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def test_dpa_target_presets_parse_and_fit_by_the_plans_own_figures(target):
     typed.train.pairs_per_chunk == want["train.pairs_per_chunk"] and typed.loss.remat == want["loss.remat"]
   )
   record = _records()[("configs/dpa_grpo.py:qwen3_4b", target)]
+  for key in ("mesh.data", "mesh.fsdp", "mesh.tp"):  # past one host: the mesh the plan compiled
+    assert key not in want or want[key] == record["overrides"][key] == getattr(typed.mesh, key[5:])
   t = plan_lib.TARGETS[target]
   budget = plan_lib.budget(t) / GiB
   # The recorded accumulate peak at these pairs: the chosen program's, or a candidate's in `tried`.
@@ -82,6 +84,8 @@ def test_kace_target_presets_parse_and_fit_by_the_plans_own_figures(target):
   rows = kace_configs.TARGETS["qwen3_4b"][target]["roles.solver.sampler.max_rows"]
   assert typed.roles.solver.sampler["max_rows"] == rows
   record = _records()[("configs/kace.py:qwen3_4b", target)]
+  for key, value in kace_configs.TARGETS["qwen3_4b"][target].items():  # the mesh the search chose
+    assert not key.startswith("roles.solver.mesh.") or record["overrides"][key] == value
   if record["overrides"]["roles.solver.sampler.max_rows"] == rows:
     peak = record["programs"][0]["peak"] / GiB
   else:
@@ -94,5 +98,5 @@ def test_kace_target_presets_parse_and_fit_by_the_plans_own_figures(target):
 def test_an_unknown_target_names_the_known_ones():
   with pytest.raises(ValueError, match="unknown target 'h100x9'.*h100x1"):
     dpa_configs.get_config("qwen3_4b@h100x9")
-  with pytest.raises(ValueError, match="unknown target 'v5e-8'.*h100x1"):  # no row count fits there
-    kace_configs.get_config("qwen3_4b@v5e-8")
+  with pytest.raises(ValueError, match="unknown target 'v6e-8'.*h100x1"):  # not planned yet
+    kace_configs.get_config("qwen3_4b@v6e-8")
