@@ -109,7 +109,7 @@ def define_dry_run() -> flags.FlagHolder:
       "dry_run",
       False,
       "Check the config, compile its programs for this host's devices and print their memory against "
-      "the budget (lm.plan), then stop: nothing is written, --workdir is not created. Exit 1 if a "
+      "the budget (lm.plan), then stop: nothing is written, no work directory is created. Exit 1 if a "
       "program does not fit.",
     )
   return DRY_RUN
