@@ -111,16 +111,20 @@ def _planned(cpu: bool) -> tuple[config_lib.ExperimentConfig, plan_lib.Target, i
   return config_lib.ExperimentConfig.from_dict(c.to_dict()), target, length, name
 
 
-def _judged(
+def _row_record(
   *,
+  row: str,
+  program: str,
+  target: plan_lib.Target,
   cpu: bool,
   recorded: float | None,
   here: plan_lib.ProgramPlan,
   measured: dict[str, Any],
   tolerances: device_check.Tolerances | None,
   memory_stats,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(predicted, judgement) of one row: the plan's record where there is one, else this compile."""
+) -> dict[str, Any]:
+  """One row's record: predicted (the plan's record where there is one, else this compile) beside
+  measured, and the judgement."""
   own = here.arguments + here.outputs - here.aliased + here.temporaries
   predicted = recorded if recorded is not None else own
   judgement = device_check.judge(
@@ -132,14 +136,21 @@ def _judged(
     require=() if cpu and memory_stats is None else ("memory",) if cpu else ("memory", "time"),
   )
   return {
-    "peak_bytes": predicted,
-    "source": "plan record (docs/results/plan.jsonl, deviceless compile)" if recorded is not None else
-    "compile (this device's memory analysis)",
-    "this_compile_peak_bytes": own,
-    "this_compile_temporaries_bytes": here.temporaries,
-    "roofline_seconds": here.seconds,
-    "roofline_source": "model (counted FLOPs and bytes over the device's published peak)",
-  }, judgement  # fmt: skip
+    "row": row,
+    "program": program,
+    "target": dataclasses.asdict(target),
+    "predicted": {
+      "peak_bytes": predicted,
+      "source": "plan record (docs/results/plan.jsonl, deviceless compile)" if recorded is not None else
+      "compile (this device's memory analysis)",
+      "this_compile_peak_bytes": own,
+      "this_compile_temporaries_bytes": here.temporaries,
+      "roofline_seconds": here.seconds,
+      "roofline_source": "model (counted FLOPs and bytes over the device's published peak)",
+    },
+    "measured": measured,
+    "judgement": judgement,
+  }  # fmt: skip
 
 
 def accumulate_row(
@@ -170,17 +181,11 @@ def accumulate_row(
     return (jax.tree.map(jnp.zeros_like, trainable), trainable, frozen, batch, key)
 
   measured = device_check.measure(compiled, make_args, trials=trials, memory_stats=memory_stats)
-  predicted, judgement = _judged(
-    cpu=cpu, recorded=recorded, here=here, measured=measured, tolerances=tolerances, memory_stats=memory_stats
-  )
-  return {
-    "row": f"configs/dpa_grpo.py:{name} accumulate on {target.name}",
-    "program": su.detail,
-    "target": dataclasses.asdict(target),
-    "predicted": predicted,
-    "measured": measured,
-    "judgement": judgement,
-  }
+  return _row_record(
+    row=f"configs/dpa_grpo.py:{name} accumulate on {target.name}", program=su.detail, target=target,
+    cpu=cpu, recorded=recorded, here=here, measured=measured, tolerances=tolerances,
+    memory_stats=memory_stats,
+  )  # fmt: skip
 
 
 def sample_row(
@@ -215,17 +220,11 @@ def sample_row(
   measured = device_check.measure(  # tens of seconds a call on a GPU: no warm-up call
     lambda *a: compiled(*a, **kwargs), lambda: args, trials=trials, warmup=cpu, memory_stats=memory_stats
   )
-  predicted, judgement = _judged(
-    cpu=cpu, recorded=recorded, here=here, measured=measured, tolerances=tolerances, memory_stats=memory_stats
-  )
-  return {
-    "row": f"configs/dpa_grpo.py:{name} sampler on {target.name}",
-    "program": here.detail,
-    "target": dataclasses.asdict(target),
-    "predicted": predicted,
-    "measured": measured,
-    "judgement": judgement,
-  }
+  return _row_record(
+    row=f"configs/dpa_grpo.py:{name} sampler on {target.name}", program=here.detail, target=target,
+    cpu=cpu, recorded=recorded, here=here, measured=measured, tolerances=tolerances,
+    memory_stats=memory_stats,
+  )  # fmt: skip
 
 
 def rows(cpu: bool) -> dict[str, Callable[[], dict[str, Any]]]:
