@@ -63,7 +63,11 @@ def recorded_peak(
   chosen = next((p for p in record["programs"] if p["name"] == program), None)
   if chosen is None:
     return None
-  if all(record["overrides"].get(k) == v for k, v in overrides.items()):
+  impl = overrides.get("model.attention_impl", "blockwise")
+  if record["overrides"].get("model.attention_impl", "blockwise") != impl:
+    return None  # another attention's program: the plan never compiled this one
+  rest = {k: v for k, v in overrides.items() if k != "model.attention_impl"}
+  if all(record["overrides"].get(k) == v for k, v in rest.items()):
     return float(chosen["peak"] - chosen["resident"])
   for line in record.get("tried", ()):
     found = re.match(tried, line)
@@ -93,8 +97,11 @@ def _random_like(abstract: Any, seed: int) -> Any:
   return jax.tree.unflatten(treedef, out)
 
 
-def _planned(cpu: bool) -> tuple[config_lib.ExperimentConfig, plan_lib.Target, int, str]:
-  """The row's config, this host as a target, the loss rows' width (0: the plan's) and its name."""
+def _planned(
+  cpu: bool, attention_impl: str = ""
+) -> tuple[config_lib.ExperimentConfig, plan_lib.Target, int, str]:
+  """The row's config (its attention `attention_impl` when given, else the preset's), this host as
+  a target, the loss rows' width (0: the plan's) and its name."""
   target = plan_lib.local_target()
   if cpu:
     c = presets.get_config("tiny")
@@ -108,6 +115,9 @@ def _planned(cpu: bool) -> tuple[config_lib.ExperimentConfig, plan_lib.Target, i
         f"no docs/scale.md row plans {target.name!r} (device {jax.devices()[0].device_kind!r})"
       )
     c, length, name = presets.get_config(f"{PRESET}@{target.name}"), 0, f"{PRESET}@{target.name}"
+  if attention_impl:
+    c.model.attention_impl = attention_impl
+    name = f"{name} --config.model.attention_impl={attention_impl}"
   return config_lib.ExperimentConfig.from_dict(c.to_dict()), target, length, name
 
 
@@ -156,6 +166,7 @@ def _row_record(
 def accumulate_row(
   *,
   cpu: bool,
+  attention_impl: str = "",
   tolerances: device_check.Tolerances | None = None,
   memory_stats=None,
   trials: int = 2,
@@ -163,13 +174,14 @@ def accumulate_row(
   """The planned `accumulate` on this host's devices: predicted (the plan's record, this device's
   compile, the roofline model) beside measured (`lm.device_check.measure`), and the judgement.
   `memory_stats`: the device's, unless a test gives its own."""
-  exp, target, length, name = _planned(cpu)
+  exp, target, length, name = _planned(cpu, attention_impl)
   su = dpa_plan.shaped_step(exp, target, length)
   compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
   here = plan_lib.figures("accumulate", compiled, target, model=su.model, detail=su.detail)
   pairs, remat = exp.train.pairs_per_chunk, exp.loss.remat
   recorded = None if cpu else recorded_peak(
-    target.name, "accumulate", {"train.pairs_per_chunk": pairs, "loss.remat": remat},
+    target.name, "accumulate",
+    {"train.pairs_per_chunk": pairs, "loss.remat": remat, "model.attention_impl": exp.model.attention_impl},
     rf"remat {remat}, {pairs} pairs: peak ([\d.]+) GiB",
   )  # fmt: skip
   grads, trainable, frozen, batch, key = su.accumulate_args
@@ -191,6 +203,7 @@ def accumulate_row(
 def sample_row(
   *,
   cpu: bool,
+  attention_impl: str = "",
   tolerances: device_check.Tolerances | None = None,
   memory_stats=None,
   trials: int = 1,
@@ -198,7 +211,7 @@ def sample_row(
   """The planned sampler program (a role's prefill and decode at `sampler.max_rows` rows, the
   plan's prompt length and the preset's `max_new_tokens`) on this host's devices, on random weights
   and the plan's own inputs (`ShapedSampler.host_inputs`): predicted beside measured, judged."""
-  exp, target, length, name = _planned(cpu)
+  exp, target, length, name = _planned(cpu, attention_impl)
   su = dpa_plan.shaped_step(exp, target, length)
   sampled = su.policies.policy(su.trainable, su.frozen, su.accumulate_kwargs["role"])
   rows, prompt_len = exp.sampler.max_rows, 32 if cpu else dpa_plan.PROMPT_TOKENS
@@ -213,7 +226,8 @@ def sample_row(
     n=1, config=exp.sampler, shaped=shaped, compiled=compiled,
   )  # fmt: skip
   recorded = None if cpu else recorded_peak(
-    target.name, "sample", {"sampler.max_rows": rows}, rf"sampler at {rows} rows: peak ([\d.]+) GiB"
+    target.name, "sample", {"sampler.max_rows": rows, "model.attention_impl": exp.model.attention_impl},
+    rf"sampler at {rows} rows: peak ([\d.]+) GiB"
   )  # fmt: skip
   args = _random_like(call.args, 2000)
   kwargs = {k: jax.device_put(shaped.host_inputs[k], v.sharding) for k, v in call.kwargs.items()}
@@ -227,9 +241,10 @@ def sample_row(
   )  # fmt: skip
 
 
-def rows(cpu: bool) -> dict[str, Callable[[], dict[str, Any]]]:
-  """The planned rows `launch.device_check` adds to the check, in the order they run."""
+def rows(cpu: bool, attention_impl: str = "") -> dict[str, Callable[[], dict[str, Any]]]:
+  """The planned rows `launch.device_check` adds to the check, in the order they run
+  (`attention_impl`: the rows' attention instead of the preset's)."""
   return {
-    "dpa_grpo sampler": lambda: sample_row(cpu=cpu),
-    "dpa_grpo accumulate": lambda: accumulate_row(cpu=cpu),
+    "dpa_grpo sampler": lambda: sample_row(cpu=cpu, attention_impl=attention_impl),
+    "dpa_grpo accumulate": lambda: accumulate_row(cpu=cpu, attention_impl=attention_impl),
   }

@@ -319,12 +319,24 @@ def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
   return result
 
 
-PlannedRows = Callable[[bool], Mapping[str, Callable[[], dict[str, Any]]]]
+# cpu, then the row options the command line names (`--attention_impl`), to the rows by name
+PlannedRows = Callable[..., Mapping[str, Callable[[], dict[str, Any]]]]
+PARTS = ("parity", "memory", "rows", "decode")
 
 
-def check(inputs: str, out_path: str, *, cpu: bool, rows: PlannedRows | None = None) -> dict[str, Any]:
-  """Runs every part, and each planned row of `rows(cpu)` (name → a function returning its record,
-  with a `judgement` from `judge`), and writes the record to `out_path`; returns it."""
+def check(
+  inputs: str,
+  out_path: str,
+  *,
+  cpu: bool,
+  rows: PlannedRows | None = None,
+  parts: tuple[str, ...] = PARTS,
+  row_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+  """Runs each of `parts` (all by default), the planned rows being `rows(cpu, **row_options)` (name
+  → a function returning its record, with a `judgement` from `judge`), and writes the record to
+  `out_path`; returns it. A check of fewer parts (a rerun of one row under another option) passes on
+  the parts it ran; its record names them."""
   import jax
 
   cfg = CheckConfig.for_mode(cpu)
@@ -336,6 +348,8 @@ def check(inputs: str, out_path: str, *, cpu: bool, rows: PlannedRows | None = N
     "devices": [str(d.device_kind) for d in jax.devices()],
     "python": platform.python_version(),
     "config": dataclasses.asdict(cfg),
+    "parts": list(parts),
+    "row_options": dict(row_options or {}),
   }
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
 
@@ -343,27 +357,37 @@ def check(inputs: str, out_path: str, *, cpu: bool, rows: PlannedRows | None = N
     with open(out_path, "w") as f:
       json.dump(record, f, indent=1, default=str)
 
+  unknown = sorted(set(parts) - set(PARTS))
+  if unknown or not parts:
+    raise ValueError(f"device check parts must be some of {PARTS}, got {list(parts)}")
   record["ok"], record["why"] = False, "not finished"
-  record["parity"] = _run_part("parity", lambda: _parity(inputs))
-  write()
-  bandwidth = _run_part("memory", lambda: {"bytes_per_s": measure_bandwidth(cfg.bandwidth_bytes)})
-  record["memory"] = bandwidth
-  write()
+  if "parity" in parts:
+    record["parity"] = _run_part("parity", lambda: _parity(inputs))
+    write()
+  bandwidth: dict[str, Any] = {}
+  if "memory" in parts:
+    bandwidth = record["memory"] = _run_part(
+      "memory", lambda: {"bytes_per_s": measure_bandwidth(cfg.bandwidth_bytes)}
+    )
+    write()
   # The planned rows before the decode measurement: they are what the check is for, and a row's
   # peak is observable only when nothing earlier in the process peaked higher (`measure`).
-  planned = dict(rows(cpu)) if rows else {}
-  record["rows"] = {}
+  planned = dict(rows(cpu, **(row_options or {}))) if rows and "rows" in parts else {}
+  if "rows" in parts:
+    record["rows"] = {}
   for name, row in planned.items():
     record["rows"][name] = _run_part(name, row)
     write()
-  bw = bandwidth.get("bytes_per_s") or 1e9
-  record["decode"] = _run_part("decode", lambda: _decode(cfg, bw))
-  ran = all("error" not in record[p] for p in ("parity", "memory", "decode"))
-  ran = ran and all("error" not in r for r in record["rows"].values())
-  agreed = all(r.get("judgement", {}).get("ok") for r in record["rows"].values())
-  record["ok"] = bool(ran and record["parity"].get("ok") and agreed and (planned or cpu))
+  if "decode" in parts:
+    bw = bandwidth.get("bytes_per_s") or 1e9
+    record["decode"] = _run_part("decode", lambda: _decode(cfg, bw))
+  ran = all("error" not in record[p] for p in ("parity", "memory", "decode") if p in parts)
+  ran = ran and all("error" not in r for r in record.get("rows", {}).values())
+  agreed = all(r.get("judgement", {}).get("ok") for r in record.get("rows", {}).values())
+  parity = record["parity"].get("ok") if "parity" in parts else True
+  record["ok"] = bool(ran and parity and agreed and (planned or cpu or "rows" not in parts))
   del record["why"]
-  if not planned and not cpu:
+  if not planned and not cpu and "rows" in parts:
     record["why"] = "no planned row for this device: the plan was not checked"
   write()
   return record
@@ -378,13 +402,23 @@ def main(argv: list[str] | None = None, rows: PlannedRows | None = None) -> int:
   parser.add_argument("--inputs", default=PARITY_INPUTS, help="folder of the parity inputs (committed)")
   parser.add_argument("--out", default="device_check.json", help="where `check` writes its record")
   parser.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (what CI runs)")
+  parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, some of {PARTS}")
+  parser.add_argument(
+    "--attention_impl",
+    default="",
+    help="the planned rows' ModelConfig.attention_impl instead of their preset's (blockwise, xla, cudnn)",
+  )
   args = parser.parse_args(argv)
   if args.step == "prepare":
     print(f"device check inputs written to {prepare(args.inputs)}")
     return 0
   if not os.path.exists(os.path.join(args.inputs, "parity_reference.npz")):
     parser.error(f"--inputs={args.inputs} has no parity_reference.npz: run `prepare` first (where torch is)")
-  record = check(args.inputs, args.out, cpu=args.cpu, rows=rows)
+  parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+  if not parts or set(parts) - set(PARTS):
+    parser.error(f"--parts must be some of {PARTS}, got {args.parts!r}")
+  options = {"attention_impl": args.attention_impl} if args.attention_impl else {}
+  record = check(args.inputs, args.out, cpu=args.cpu, rows=rows, parts=parts, row_options=options)
   print(f"device check {'passed' if record['ok'] else 'FAILED'}: {args.out}")
   return 0 if record["ok"] else 1
 

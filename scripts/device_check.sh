@@ -10,6 +10,10 @@
 #                                           # by git: carry it), for a machine without a registry
 #   bash scripts/device_check.sh            # on the accelerator machine (its own newer jax): installs
 #                                           # what is missing from the wheels, then checks
+#   bash scripts/device_check.sh --parts=rows --attention_impl=cudnn   # the same, some parts, the
+#                                           # rows under another option (launch.device_check --help)
+#   bash scripts/device_check.sh exec python -m tools.device_profile --out=$OUT   # any command in
+#                                           # the environment the check sets up
 # The record goes to ${OUT:-.}/device_check.json; the exit status is 0 only when every part ran,
 # parity held and the planned row agreed with the plan. Bounded to 9 minutes on the device.
 set -euo pipefail
@@ -17,6 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 inputs="${DEVICE_CHECK_INPUTS:-device_check_inputs}"
 out="${OUT:-.}/device_check.json"
 mode="${1:-device}"
+case "$mode" in --cpu | --prepare | exec) shift ;; *) mode=device ;; esac
 # What `launch.device_check` imports beyond jax, numpy and what a GPU image carries anyway (python
 # -X importtime on the project's venv), by distribution name, at the versions the project is tested
 # with (constraints.txt): the code is written against these, so the device runs them too unless they
@@ -46,7 +51,7 @@ case "$mode" in
     pip download -q --no-deps -c constraints.txt -d "$wheels" "${pinned[@]}"
     du -sh "$inputs"
     ;;
-  device)
+  device | exec)
     py="${PYTHON:-python3}"
     site="${TMPDIR:-/tmp}/device_check_site"
     if [ -d "$inputs/wheels" ]; then
@@ -66,10 +71,10 @@ case "$mode" in
         PYTHONPATH="$PWD:${PYTHONPATH:-}" "$py" -c "$smoke"
       fi
     fi
-    timeout "${DEVICE_CHECK_SECONDS:-540}" "$py" -m launch.device_check check --out="$out"
-    ;;
-  *)
-    echo "usage: bash scripts/device_check.sh [--cpu | --prepare]" >&2
-    exit 2
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if [ "$mode" = exec ]; then
+      exec "$@"
+    fi
+    timeout "${DEVICE_CHECK_SECONDS:-540}" "$py" -m launch.device_check check --out="$out" "$@"
     ;;
 esac

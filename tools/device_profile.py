@@ -73,7 +73,7 @@ def summarize(events: list[dict[str, Any]], top: int = 40) -> dict[str, Any]:
   }
 
 
-def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...]) -> dict[str, Any]:
+def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...], trace: bool = True) -> dict[str, Any]:
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -85,26 +85,33 @@ def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...]) -> dict[st
   base, target, length, name = dpa_device_check._planned(cpu)  # noqa: SLF001 -- the row's own config
   base = dataclasses.replace(base, train=dataclasses.replace(base.train, pairs_per_chunk=pairs))
   record: dict[str, Any] = {"row": f"configs/dpa_grpo.py:{name} accumulate at {pairs} pairs a chunk"}
-  weights, first = None, None
-  for impl in impls:  # the same random weights and batch for each: their gradients must agree
+  drawn, first = None, None
+  for variant in impls:  # the same random weights and batch for each: their gradients must agree
+    impl, _, dtype = variant.partition(":")
     overrides = dict(base.model.overrides)
     if cpu:  # 64-token rows: blocks of 16 so that the long-sequence path (CausalMask) runs
       overrides["attention_block"] = 16
     model = dataclasses.replace(base.model, overrides=overrides, attention_impl=impl)
+    if dtype:  # e.g. "xla:float32": the same weights, cast up, as a higher-precision reference
+      model = dataclasses.replace(model, dtype=dtype)
     exp = dataclasses.replace(base, model=model)
     su = dpa_plan.shaped_step(exp, target, length)
     start = time.perf_counter()
     compiled = step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile()
     compile_s = time.perf_counter() - start
-    if impl == impls[0]:
+    if variant == impls[0] and trace:
       with gzip.open(os.path.join(out, "accumulate.hlo.txt.gz"), "wt") as f:
         f.write(compiled.as_text())
     _, trainable, frozen, batch, key = su.accumulate_args
-    if weights is None:
-      weights = (
+    if drawn is None:  # drawn once, then rounded to the preset's dtype: every variant's values
+      drawn = (
         dpa_device_check._random_like(trainable, 1),  # noqa: SLF001
         dpa_device_check._random_like(frozen, 1000),  # noqa: SLF001
       )
+    weights = tuple(
+      jax.tree.map(lambda w, a: _cast(w, base.model.dtype, a.dtype), w, a)
+      for w, a in zip(drawn, (trainable, frozen), strict=True)
+    )
     batch = {k: jax.device_put(v, batch[k].sharding) for k, v in su.chunk.items()}
     key = None if key is None else jax.device_put(jax.random.key(0), key.sharding)
 
@@ -120,28 +127,55 @@ def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...]) -> dict[st
       return time.perf_counter() - begin, result
 
     warm, _ = call()
-    trace_dir = tempfile.mkdtemp()
-    traced, (grads, value, _) = call(trace_dir)
+    trace_dir = tempfile.mkdtemp() if trace else None
+    timed, (grads, value, _) = call(trace_dir)
     flat = np.concatenate([np.asarray(g, np.float32).ravel() for g in jax.tree.leaves(grads)])
     entry = {
       "program": su.detail,
+      "dtype": exp.model.dtype,
       "compile_s": compile_s,
       "seconds_warm_up": warm,
-      "seconds_traced": traced,
+      "seconds_traced" if trace else "seconds": timed,
       "loss": float(value),
       "grad_norm": float(np.linalg.norm(flat)),
-      "summary": summarize(_events(trace_dir)),
     }
+    if trace:
+      entry["summary"] = summarize(_events(trace_dir))
     if first is None:
-      first = (impl, flat, float(value))
+      first = (variant, flat, float(value))
     else:
-      entry[f"relative_grad_difference_from_{first[0]}"] = float(
-        np.linalg.norm(flat - first[1]) / np.linalg.norm(first[1])
-      )
-      entry[f"loss_difference_from_{first[0]}"] = float(value) - first[2]
-    record[impl] = entry
-  record["source"] = "measured (jax.profiler trace of one call after a warm-up; same weights and batch)"
+      entry.update(compare(flat, float(value), first[1], first[2], first[0]))
+    record[variant] = entry
+  how = "jax.profiler trace of one call" if trace else "one call"
+  record["source"] = f"measured ({how} after a warm-up; same weights, cast per variant, and batch)"
   return record
+
+
+def _cast(w: Any, rounding: str, dtype: Any) -> Any:
+  """`w` rounded to `rounding` (the preset's dtype), then in `dtype`: a float32 variant reads the
+  very values the bfloat16 ones do."""
+  import jax.numpy as jnp
+
+  if not jnp.issubdtype(w.dtype, jnp.floating):
+    return w
+  return w.astype(jnp.dtype(rounding)).astype(dtype)
+
+
+def compare(flat: Any, loss: float, ref: Any, ref_loss: float, name: str) -> dict[str, float]:
+  """How far one variant's gradient and loss lie from the first variant's (`name`): the relative L2
+  distance, the cosine, and the share of gradient entries more than 10% off among those whose
+  reference magnitude is above the reference's root mean square (small entries are noise in any
+  dtype)."""
+  import numpy as np
+
+  big = np.abs(ref) > np.sqrt(np.mean(np.square(ref)))
+  off = np.abs(flat[big] - ref[big]) > 0.1 * np.abs(ref[big])
+  return {
+    f"relative_grad_difference_from_{name}": float(np.linalg.norm(flat - ref) / np.linalg.norm(ref)),
+    f"grad_cosine_with_{name}": float(flat @ ref / (np.linalg.norm(flat) * np.linalg.norm(ref))),
+    f"share_of_large_entries_10pct_off_{name}": float(off.mean()) if off.size else 0.0,
+    f"loss_difference_from_{name}": loss - ref_loss,
+  }
 
 
 def _deviceless(cpu: bool) -> dict[str, Any]:
@@ -168,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--pairs", type=int, default=4, help="pairs a chunk of the profiled call")
   parser.add_argument("--cpu", action="store_true", help="the tiny preset on the CPU (tests)")
   parser.add_argument("--skip_deviceless", action="store_true")
+  parser.add_argument("--no_trace", action="store_true", help="time one call, no profiler trace or HLO")
   parser.add_argument(
     "--attention",
     default="blockwise",
-    help="ModelConfig.attention_impl values, comma-separated (same weights)",
+    help="ModelConfig.attention_impl values, comma-separated, each with an optional model dtype"
+    " (`xla:float32`); the first is the one the others are compared with (same weights)",
   )
   args = parser.parse_args(argv)
   from lm import memory
@@ -182,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
   os.makedirs(args.out, exist_ok=True)
   record: dict[str, Any] = {"jax": jax.__version__, "devices": [d.device_kind for d in jax.devices()]}
   impls = tuple(a.strip() for a in args.attention.split(",") if a.strip())
-  parts = {"profile": lambda: _profile(args.pairs, args.cpu, args.out, impls)}
+  parts = {"profile": lambda: _profile(args.pairs, args.cpu, args.out, impls, not args.no_trace)}
   if not args.skip_deviceless:
     parts["deviceless"] = lambda: _deviceless(args.cpu)
   for part, fn in parts.items():

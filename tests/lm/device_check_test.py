@@ -91,3 +91,22 @@ def test_check_without_parity_inputs_names_the_folder(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     device_check.main(["check", "--cpu", f"--inputs={tmp_path}"])
   assert e.value.code == 2 and "parity_reference.npz" in capsys.readouterr().err
+
+
+def test_a_check_of_some_parts_runs_those_and_passes_the_row_options(tmp_path):
+  seen = []
+
+  def rows(cpu, **options):
+    seen.append((cpu, options))
+    return {"row": lambda: {"judgement": {"ok": False}}}  # a row that disagrees with its plan
+
+  out = str(tmp_path / "check.json")
+  memory_only = device_check.check("unused", out, cpu=True, rows=rows, parts=("memory",))
+  assert memory_only["ok"] and memory_only["parts"] == ["memory"] and "memory" in memory_only
+  assert not seen and "rows" not in memory_only and "parity" not in memory_only
+  options = {"attention_impl": "cudnn"}
+  with_row = device_check.check("unused", out, cpu=True, rows=rows, parts=("rows",), row_options=options)
+  assert seen == [(True, options)] and with_row["row_options"] == options
+  assert not with_row["ok"]  # the planted disagreement fails the check
+  with pytest.raises(ValueError, match="parts must be some of"):
+    device_check.check("unused", out, cpu=True, rows=rows, parts=("rows", "speed"))

@@ -26,7 +26,13 @@ def test_summary_keeps_the_device_processes_and_sums_kinds():
 
 
 def test_the_cpu_run_profiles_the_planned_row(tmp_path):
-  argv = [f"--out={tmp_path}", "--pairs=1", "--cpu", "--skip_deviceless", "--attention=blockwise,xla"]
+  argv = [
+    f"--out={tmp_path}",
+    "--pairs=1",
+    "--cpu",
+    "--skip_deviceless",
+    "--attention=blockwise,xla,xla:bfloat16",
+  ]
   assert device_profile.main(argv) == 0
   record = json.loads((tmp_path / "profile.json").read_text())
   blockwise, xla = record["profile"]["blockwise"], record["profile"]["xla"]
@@ -39,5 +45,11 @@ def test_the_cpu_run_profiles_the_planned_row(tmp_path):
     and abs(xla["loss_difference_from_blockwise"]) < 1e-5
   )
   assert blockwise["grad_norm"] > 0
+  # a dtype variant reads the same weights (rounded to the preset's dtype, then cast): bfloat16
+  # arithmetic moves the gradient measurably, not wholly
+  low = record["profile"]["xla:bfloat16"]
+  assert low["dtype"] == "bfloat16" and xla["dtype"] == blockwise["dtype"] == "float32"
+  assert 1e-4 < low["relative_grad_difference_from_blockwise"] < 0.5
+  assert low["grad_cosine_with_blockwise"] > 0.95 and xla["share_of_large_entries_10pct_off_blockwise"] == 0.0
   with gzip.open(tmp_path / "accumulate.hlo.txt.gz", "rt") as f:
     assert "ENTRY" in f.read()
