@@ -65,7 +65,14 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
   shard = sharding_lib.ShardingConfig()
   devices = plan_lib.target_devices(target)
   mesh = plan_lib.target_mesh(devices, exp.mesh)
-  overrides = dict(exp.model.overrides, attention_impl=exp.model.attention_impl)
+  impl, stand_in = exp.model.attention_impl, ""
+  if impl == "cudnn" and jax.default_backend() != "gpu":
+    # cuDNN's attention lowers only where a cuDNN library and a GPU are (a deviceless compile has
+    # neither): the plan compiles the blockwise attention in its place. On an H200 the two compiled
+    # to 119.1 and 117.5 GiB (16 pairs; docs/results/2026-12-04-attention-choice.md), within the
+    # plan's 10% headroom.
+    impl, stand_in = "blockwise", "; attention cuDNN, compiled as blockwise (no cuDNN without a GPU)"
+  overrides = dict(exp.model.overrides, attention_impl=impl)
   model_cfg = ModelConfig.preset(exp.model.preset, **overrides)
   model = plan_lib.abstract_model(model_cfg, exp.model.dtype, mesh, shard)
   host_mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(1, 1, 1), jax.devices("cpu")[:1])
@@ -98,7 +105,7 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
   weights = plan_lib.tree_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen))
   passes = 3 + extra  # policy forward, its backward (activation gradients), the reference's forward
   head, copied = plan_lib.sampler_held(pols.policy(trainable, frozen, role), mesh, exp.sampler)
-  detail = f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}"
+  detail = f"{role}, {rows} rows x {length} tokens, remat {exp.loss.remat}{stand_in}"
   if target.slices > 1:  # the step's one exchange across slices / nodes: its gradients' all-reduce
     share = 2 * (target.slices - 1) / target.slices
     seconds = share * plan_lib.tree_bytes(trainable) / target.dcn_bandwidth

@@ -51,6 +51,8 @@ def test_dpa_target_presets_parse_and_fit_by_the_plans_own_figures(target):
   for key in ("mesh.data", "mesh.fsdp", "mesh.tp"):  # past one host: the mesh the plan compiled
     assert key not in want or want[key] == record["overrides"][key] == getattr(typed.mesh, key[5:])
   t = plan_lib.TARGETS[target]
+  # GPUs train with cuDNN's attention (docs/results/2026-12-04-attention-choice.md), TPUs blockwise
+  assert typed.model.attention_impl == ("cudnn" if t.platform == "cuda" else "blockwise")
   budget = plan_lib.budget(t) / GiB
   # The recorded accumulate peak at these pairs: the chosen program's, or a candidate's in `tried`.
   pairs = want["train.pairs_per_chunk"]

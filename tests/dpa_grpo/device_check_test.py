@@ -73,5 +73,7 @@ def test_the_plan_record_is_read_for_the_configuration_the_row_runs(tmp_path):
   assert peak("sample", {"sampler.max_rows": 32}, r"sampler at 32 rows: peak ([\d.]+) GiB") is None
   assert dpa_device_check.recorded_peak("h100x1", "sample", {}, "x", path=str(records)) is None
   # the record planned the preset's attention (blockwise): a row run with cuDNN's has no plan figure
-  assert peak("accumulate", {"train.pairs_per_chunk": 16, "model.attention_impl": "blockwise"}, acc) == 98 * gib
+  assert (
+    peak("accumulate", {"train.pairs_per_chunk": 16, "model.attention_impl": "blockwise"}, acc) == 98 * gib
+  )
   assert peak("accumulate", {"train.pairs_per_chunk": 16, "model.attention_impl": "cudnn"}, acc) is None

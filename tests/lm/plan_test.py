@@ -160,3 +160,21 @@ def test_targets_are_the_tables_ten_with_their_published_figures():
       assert f"device_memory_size: {target.hbm_bytes}" in f.read()
   with pytest.raises(ValueError, match="unknown targets"):
     plan_lib.target_names("h100x9")
+
+
+def test_cudnn_attention_is_planned_as_blockwise_without_a_gpu():
+  # a deviceless compile has no cuDNN library: the plan compiles the blockwise attention in its
+  # place and says so in the program's detail; other attentions are compiled as they are
+  config = dpa_configs.get_config("tiny")
+  target = plan_lib.cpu_target(1, 16 * plan_lib.GiB)
+  for impl, stand_in in (("cudnn", True), ("xla", False)):
+    config.model.attention_impl = impl
+    exp = config_lib.ExperimentConfig.from_dict(config.to_dict())
+    su = dpa_plan.shaped_step(exp, target, 64)
+    assert ("compiled as blockwise" in su.detail) is stand_in, su.detail
+  # the stand-in compiles here, where cuDNN's attention would not lower (blocks of 16 tokens: the
+  # 64-token rows take the long-sequence path, where the attention implementation is chosen)
+  config.model.attention_impl = "cudnn"
+  config.model.overrides = dict(config.model.overrides, attention_block=16)
+  su = dpa_plan.shaped_step(config_lib.ExperimentConfig.from_dict(config.to_dict()), target, 64)
+  assert step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile() is not None
