@@ -73,6 +73,62 @@ def verdicts(result: Mapping, bootstrap: int = 2000) -> list[dict]:
   return rows
 
 
+def gate_passing(gates: Mapping[str, Sequence[Mapping]]) -> list[str]:
+  """The readers that pass every gate in most builds (a solver like them would run the arms):
+  the registration's third reading (docs/kace_v3.md, section 7) leaves the others out."""
+  return [n for n, per in gates.items() if 2 * sum(g["all_passed"] for g in per) > len(per)]
+
+
+def labelled(trained: Sequence[Mapping], scripted: Sequence[Mapping], gates: Mapping) -> list[dict]:
+  """The trained solver's verdict rows (`verdicts` on its result: one "reader", the model), each
+  with the scripted readers' verdicts beside it and the registered labels: `tested` (the readers'
+  verdicts differ), `held_against_not_held` (some reader's "held" against another's "not held") and
+  `tested_gate_passing` (the verdicts differ among the readers that pass the gates)."""
+  passing = gate_passing(gates)
+  out = []
+  for t, r in zip(trained, scripted, strict=True):
+    if t["prediction"] != r["prediction"]:
+      raise ValueError(f"rows out of order: {t['prediction']} beside {r['prediction']}")
+    verdicts_by = {n: j["verdict"] for n, j in r["readers"].items()}
+    plain = {v.split(" (")[0] for v in verdicts_by.values()}
+    among = {verdicts_by[n] for n in passing if n in verdicts_by}
+    out.append({
+      **t,
+      "scripted": verdicts_by,
+      "tested": r["tested"],
+      "held_against_not_held": {"held", "not held"} <= plain,
+      "tested_gate_passing": len(among) > 1,
+      "gate_passing_readers": passing,
+    })  # fmt: skip
+  return out
+
+
+def trained_markdown(rows: Sequence[Mapping], result: Mapping) -> str:
+  """The trained solver's verdict on each prediction, the scripted readers' beside it and whether it
+  counts as tested; then `markdown`'s accuracies, gates and operations for the trained run."""
+  (name,) = result["outcomes"]
+  lines = [
+    f"| # | prediction | {name}: A − B [95% interval clustered by build] | verdict | scripted readers "
+    "| tested? (registered rule) | held vs not held among readers | among gate-passing readers |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    j = r["readers"][name]
+    ci = "–" if j["ci"] is None else f"[{j['ci'][0]:+.3f}, {j['ci'][1]:+.3f}]"
+    est = "–" if j["mean"] is None else f"{j['mean']:+.3f}"
+    if "refine_applied" in j:
+      est += f" ({sum(a > 0 for a in j['refine_applied'])} builds with REFINE operations)"
+    scripted = "; ".join(f"{n} {v}" for n, v in r["scripted"].items())
+    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    lines.append(
+      f"| {r['prediction']} | {r['claim']} | {est} {ci} | **{j['verdict']}** | {scripted} | "
+      f"{'**tested**' if r['tested'] else 'not tested'} | {yes(r['held_against_not_held'])} | "
+      f"{yes(r['tested_gate_passing'])} |"
+    )
+  rest = markdown([{**r, "readers": {name: r["readers"][name]}} for r in rows], result)
+  return "\n".join(lines) + "\n" + rest[rest.index("\nAccuracy") :]
+
+
 def markdown(rows: Sequence[Mapping], result: Mapping) -> str:
   """The verdict table (one column per reader), then accuracies and each arm's operations per build."""
   names = list(result["outcomes"])

@@ -121,3 +121,30 @@ def test_a_prediction_is_tested_only_where_the_readers_disagree():
   rows = v3_verdicts.verdicts({"outcomes": {"r1": arms}, "counts": {"r1": refine}}, bootstrap=200)
   row = next(r for r in rows if r["prediction"] == "v3-9")["readers"]["r1"]
   assert row["problems"] == 40 and row["refine_applied"] == [1, 1, 0, 0]  # builds 2, 3 made none
+
+
+def test_the_trained_solvers_rows_carry_the_readers_verdicts_and_labels():
+  keys = [(f"build{b}", f"v3/algebra/main/small/{i}") for b in range(4) for i in range(20)]
+  win, lose = {k: (2, True) for k in keys}, {k: (2, False) for k in keys}
+  counts = {"kace": [{"build": b} for b in range(4)]}
+  scripted = {
+    "outcomes": {"r1": {"kace": win, "tiered": lose}, "r2": {"kace": lose, "tiered": win}},
+    "counts": {"r1": counts, "r2": counts},
+  }
+  trained = {"outcomes": {"model": {"kace": win, "tiered": lose}}, "counts": {"model": counts}}
+  gate = lambda ok: [{"all_passed": ok, "rates": {"g": 1.0}} for _ in range(4)]  # noqa: E731
+  passing = {"r1": gate(True), "r2": gate(False)}
+  rows = v3_verdicts.labelled(
+    v3_verdicts.verdicts(trained, bootstrap=200), v3_verdicts.verdicts(scripted, bootstrap=200), passing
+  )
+  first = rows[0]
+  assert first["readers"]["model"]["verdict"] == "held" and first["scripted"] == {
+    "r1": "held",
+    "r2": "not held",
+  }
+  assert first["tested"] and first["held_against_not_held"]
+  assert first["gate_passing_readers"] == ["r1"] and not first["tested_gate_passing"]  # r2 fails its gates
+  table = v3_verdicts.trained_markdown(rows, {**trained, "gates": {"model": gate(True)}})
+  assert "| v3-1 |" in table and "**tested**" in table and "Accuracy on the test split" in table
+  with pytest.raises(ValueError, match="out of order"):
+    v3_verdicts.labelled(rows[1:2], v3_verdicts.verdicts(scripted, bootstrap=200)[:1], passing)
