@@ -84,11 +84,11 @@ class V3TeacherConfig(learned_teacher.LearnedTeacherConfig):
   min_pairs: int = 1
   max_pairs: int = 4
   vocab_size: int = 1024
-  examples: int = 40_000
-  hidden_size: int = 96
-  intermediate_size: int = 384
-  head_dim: int = 24
-  steps: int = 2000
+  examples: int = 80_000
+  hidden_size: int = 128
+  intermediate_size: int = 512
+  head_dim: int = 32
+  steps: int = 3000
 
   def __post_init__(self):
     super().__post_init__()
