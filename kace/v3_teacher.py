@@ -77,6 +77,10 @@ class V3TeacherConfig(learned_teacher.LearnedTeacherConfig):
     min_pairs, max_pairs: 1..4, v3's `Budget.shown_failures`; one shown failure of a kind gets a
       card, as from the programmatic teacher.
     vocab_size: room for v3's 515 number tokens.
+    examples, hidden_size, intermediate_size, head_dim, steps: the third of three builds tried
+      (628k parameters, 8.3 min on the shared 2-core machine); the v1/v2 teacher's 64-wide shape
+      reached 0.76-0.89 card accuracy here, this one 0.98 (docs/results/
+      2026-12-04-kace-v3-learned-teacher.md).
   """
 
   operands: str = "v3"
