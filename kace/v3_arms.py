@@ -70,6 +70,10 @@ class Arm:
     inference: "tiered" (the block of the stage's tier), "playbook" (5 samples, plurality, every
       sample reading the whole playbook: ACE's and GEPA's own inference) or "top_k" (tiered, each
       stage reading the `Budget.top_k` cards nearest the question: kind word first).
+    teacher: None (the run's teacher, `kace.v3_learn.run`) or a name in `kace.v3_learn.ARM_TEACHERS`
+      ("programmatic": the labelled upper-bound arm).
+    seed_name: the arm whose build randomness this one shares ("": its own name), so two arms that
+      differ only in their teacher are shown the same failures while their trees agree.
   """
 
   name: str
@@ -79,6 +83,8 @@ class Arm:
   refine: str | None = "credit"
   inference: str = "tiered"
   cell_rule: str = "first_missing"
+  teacher: str | None = None
+  seed_name: str = ""
 
 
 MONOLITHIC = Layout(by_tier=False, by_domain=False)
@@ -100,6 +106,12 @@ ARMS = (
   Arm(name="kace_exit_cells", cell_rule="exit"),
 )
 ARM_NAMES = tuple(a.name for a in ARMS)
+# The trained arms' list (docs/kace_v3.md, section 4, "Teacher"): every arm of `ARMS` with the run's
+# teacher (the learned one), and one extra arm in no registered prediction, labelled upper bound:
+# kace with the programmatic ("oracle") teacher, built with kace's randomness. Kept out of `ARMS` so
+# the scripted readers' registered run is unchanged.
+ORACLE_TEACHER_ARM = Arm(name="kace_oracle_teacher", teacher="programmatic", seed_name="kace")
+TRAINED_ARMS = (*ARMS, ORACLE_TEACHER_ARM)
 PLAYBOOK_SCHEDULE = tiers.Schedule(tiers=(), pool_size=5, pool_reuse=False, pool_reads=tiers.HS)
 
 

@@ -3,9 +3,16 @@
 It follows `kace.learn`'s procedure on `v3_arms.Tree`: teaching failures -> one teacher call per
 block -> each card kept by a test on the acceptance half (ADD); REFINE's credit = right with a card -
 right without it on the teaching half, each curator operation kept unless acceptance accuracy drops;
-ACE's reflector and curator appending to a playbook; GEPA's reflection mutating one prompt. The
-teacher is a program (it fits H to the shown failures' exact base answers): an upper bound, labelled
-"programmatic teacher". `run` solves every reader x build x arm for `kace.v3_verdicts`.
+ACE's reflector and curator appending to a playbook; GEPA's reflection mutating one prompt.
+
+The teacher (ADD's, ACE's reflector and curator, GEPA's reflection) is a choice (`Teacher`): the
+programmatic one (`PROGRAMMATIC`: it fits H to the shown failures' exact base answers, read from the
+testbed), an upper bound labelled "programmatic teacher", which the scripted readers' registered
+verdicts use; or the learned teacher (`kace.v3_teacher.LearnedV3Teacher`, "learned teacher (tiny
+model)"), which reads only the shown failures' question text and gold answer and which the trained
+arms use in every arm. An arm may name its own teacher (`Arm.teacher`: "programmatic" is the
+labelled upper-bound arm `kace_oracle_teacher`). REFINE's curator is programmatic in every arm.
+`run` solves every reader x build x arm for `kace.v3_verdicts`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from kace import readers, testbed, testbed_v3, tiers
 from kace.v3_arms import (
@@ -44,6 +52,37 @@ def teacher(failures: Sequence[testbed_v3.Problem], shown_failures: int, rng: ra
     pairs = [(p.base, int(p.problem.answer)) for p in shown if p.kind == kind]
     out.append((kind, testbed.fit(pairs, testbed_v3.RULES)[0]))
   return out
+
+
+class Teacher(Protocol):
+  """The teacher role of the v3 arms (ADD's teacher, ACE's reflector and curator, GEPA's reflection).
+
+  `cards` is shown at most `shown_failures` of `failures`, drawn with `rng` (`rng.sample`, so every
+  teacher shown the same failures and rng state is shown the same ones), and writes at most one card
+  per kind word among them. `name` labels it wherever its numbers appear."""
+
+  name: str
+
+  def cards(
+    self, failures: Sequence[testbed_v3.Problem], shown_failures: int, rng: random.Random
+  ) -> list[Card]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgrammaticTeacher:
+  """`teacher` as a `Teacher`: the upper bound the scripted readers' verdicts use."""
+
+  name: str = "programmatic teacher"
+
+  def cards(
+    self, failures: Sequence[testbed_v3.Problem], shown_failures: int, rng: random.Random
+  ) -> list[Card]:
+    return teacher(failures, shown_failures, rng)
+
+
+PROGRAMMATIC = ProgrammaticTeacher()
+# `Arm.teacher` names: the teacher an arm uses in place of the run's
+ARM_TEACHERS: dict[str, Teacher] = {"programmatic": PROGRAMMATIC}
 
 
 @dataclasses.dataclass
@@ -89,7 +128,9 @@ def _failures_by_block(solver: Solver, tree: Tree, arm: Arm, problems) -> dict[B
   return out
 
 
-def build_add(solver: Solver, arm: Arm, teach, accept, calls: int, counts: Counts, rng) -> Tree:
+def build_add(
+  solver: Solver, arm: Arm, teach, accept, calls: int, counts: Counts, rng, by: Teacher = PROGRAMMATIC
+) -> Tree:
   """ADD: sweeps over the blocks with teaching failures, one teacher call per block, each proposed
   card tried alone and kept by `arm.accept`; a sweep that keeps nothing ends it."""
   capacity = max(1, solver.budget.card_tokens // len(arm.layout.blocks()))
@@ -100,7 +141,7 @@ def build_add(solver: Solver, arm: Arm, teach, accept, calls: int, counts: Count
       if counts.teacher_calls >= calls:
         break
       counts.teacher_calls += 1
-      for card in teacher(failed, solver.budget.shown_failures, rng):
+      for card in by.cards(failed, solver.budget.shown_failures, rng):
         if card in tree.blocks[block]:
           continue
         if len(tree.blocks[block]) >= capacity:
@@ -233,7 +274,9 @@ def refine(solver: Solver, arm: Arm, tree: Tree, teach, accept, calls: int, coun
   return tree
 
 
-def build_ace(solver: Solver, arm: Arm, teach, calls: int, counts: Counts, rng) -> Tree:
+def build_ace(
+  solver: Solver, arm: Arm, teach, calls: int, counts: Counts, rng, by: Teacher = PROGRAMMATIC
+) -> Tree:
   """ACE: per step, the reflector (one teacher call) distils the failures of a batch of teaching
   problems into insights and the curator (one more call) appends each as a delta to the playbook,
   with no held-out test (ACE's grow-and-refine; a duplicate is skipped, a full playbook refuses)."""
@@ -247,7 +290,7 @@ def build_ace(solver: Solver, arm: Arm, teach, calls: int, counts: Counts, rng) 
     step += 1
     failed = [p for p in batch if not solver.solve(tree, arm, p).correct]
     counts.teacher_calls += 2
-    for card in teacher(failed, solver.budget.shown_failures, rng) if failed else []:
+    for card in by.cards(failed, solver.budget.shown_failures, rng) if failed else []:
       if card in tree.blocks[block]:
         counts.add("ace_skip_duplicate")
       elif len(tree.blocks[block]) >= tree.capacity:
@@ -258,7 +301,9 @@ def build_ace(solver: Solver, arm: Arm, teach, calls: int, counts: Counts, rng) 
   return tree
 
 
-def build_gepa(solver: Solver, arm: Arm, teach, accept, calls: int, counts: Counts, rng) -> Tree:
+def build_gepa(
+  solver: Solver, arm: Arm, teach, accept, calls: int, counts: Counts, rng, by: Teacher = PROGRAMMATIC
+) -> Tree:
   """GEPA: one prompt (a card list); per reflection call on a minibatch's failures, the mutation puts
   the teacher's rule in place of the prompt's card of each kind word it covers; the mutated prompt
   replaces the current one when it solves more of the validation (acceptance) half."""
@@ -269,7 +314,7 @@ def build_gepa(solver: Solver, arm: Arm, teach, accept, calls: int, counts: Coun
     rng.shuffle(order)
     failed = [p for p in order[:16] if not solver.solve(tree, arm, p).correct]
     counts.teacher_calls += 1
-    proposed = teacher(failed, solver.budget.shown_failures, rng) if failed else []
+    proposed = by.cards(failed, solver.budget.shown_failures, rng) if failed else []
     if not proposed:
       counts.add("gepa_no_proposal")
       continue
@@ -283,20 +328,34 @@ def build_gepa(solver: Solver, arm: Arm, teach, accept, calls: int, counts: Coun
   return tree
 
 
-def build(solver: Solver, arm: Arm, world: testbed_v3.WorldConfig) -> tuple[Tree | None, Counts]:
-  """`arm`'s tree for one build, and what its build did."""
+def arm_teacher(arm: Arm, teacher: Teacher) -> Teacher:
+  """The teacher `arm` builds with: its own (`Arm.teacher`, `ARM_TEACHERS`) or the run's `teacher`."""
+  if arm.teacher is None:
+    return teacher
+  if arm.teacher not in ARM_TEACHERS:
+    raise ValueError(f"arm {arm.name!r}: unknown teacher {arm.teacher!r}; one of {tuple(ARM_TEACHERS)}")
+  return ARM_TEACHERS[arm.teacher]
+
+
+def build(
+  solver: Solver, arm: Arm, world: testbed_v3.WorldConfig, teacher: Teacher = PROGRAMMATIC
+) -> tuple[Tree | None, Counts]:
+  """`arm`'s tree for one build with `teacher` (unless the arm names its own), and what its build
+  did. The build's randomness is `arm.seed_name`'s (its own name by default), so an arm that differs
+  from another only in its teacher is shown the same failures while their trees agree."""
   counts = Counts()
-  rng = random.Random(seed_of("build", world.seed, solver.reader.name, arm.name))
+  rng = random.Random(seed_of("build", world.seed, solver.reader.name, arm.seed_name or arm.name))
   teach, accept = world.split("teach"), world.split("accept")
   total = solver.budget.teacher_calls
+  by = arm_teacher(arm, teacher)
   if arm.builder == "none":
     return None, counts
   if arm.builder == "ace":
-    return build_ace(solver, arm, teach, total, counts, rng), counts
+    return build_ace(solver, arm, teach, total, counts, rng, by), counts
   if arm.builder == "gepa":
-    return build_gepa(solver, arm, teach, accept, total, counts, rng), counts
+    return build_gepa(solver, arm, teach, accept, total, counts, rng, by), counts
   add_calls = total - (solver.budget.refine_calls if arm.refine else 0)
-  tree = build_add(solver, arm, teach, accept, add_calls, counts, rng)
+  tree = build_add(solver, arm, teach, accept, add_calls, counts, rng, by)
   if arm.refine:
     tree = refine(solver, arm, tree, teach, accept, total, counts, rng)
   return tree, counts
@@ -314,10 +373,12 @@ def run(
   budget: Budget | None = None,
   split: str = "test",
   progress: Callable[[str], None] | None = None,
+  teacher: Teacher = PROGRAMMATIC,
 ) -> dict:
-  """Every reader x build x arm, solved on `split`: {"outcomes": {reader: {arm: {(build, id): (level,
-  correct)}}}, "counts": {reader: {arm: [per build: teacher calls, cards, operations]}}, "gates":
-  {reader: [per build: `gates`]}}."""
+  """Every reader x build x arm, solved on `split`, trees built with `teacher` (an arm may name its
+  own: `Arm.teacher`): {"outcomes": {reader: {arm: {(build, id): (level, correct)}}}, "counts":
+  {reader: {arm: [per build: teacher calls, cards, operations]}}, "gates": {reader: [per build:
+  `gates`]}, "teachers": {arm: the label of the teacher it built with}}."""
   budget = budget or Budget()
   outcomes: dict = {}
   counts: dict = {}
@@ -329,7 +390,7 @@ def run(
       solver = Solver(reader, b, budget)
       gated.setdefault(reader.name, []).append(gates(solver, world))
       for arm in arms:
-        tree, c = build(solver, arm, world)
+        tree, c = build(solver, arm, world, teacher)
         by = outcomes.setdefault(reader.name, {}).setdefault(arm.name, {})
         for p in problems:
           by[(f"build{b}", p.id)] = (p.problem.level, solver.solve(tree, arm, p).correct)
@@ -338,4 +399,5 @@ def run(
         )
       if progress:
         progress(f"{reader.name} build {b}")
-  return {"outcomes": outcomes, "counts": counts, "gates": gated}
+  labels = {arm.name: None if arm.builder == "none" else arm_teacher(arm, teacher).name for arm in arms}
+  return {"outcomes": outcomes, "counts": counts, "gates": gated, "teachers": labels}
