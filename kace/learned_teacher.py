@@ -27,7 +27,7 @@ infer a block's rule from its (question, gold) pairs. Its base problems come fro
 ranges as the testbed's, so a held-out problem's (base, gold) pair can occur in training by chance
 (the ranges are small), never labelled with that block's convention by construction.
 
-The model is trained with `kace.synthetic`'s solver machinery (`synthetic._train`: a BPE tokenizer with
+The model is trained with `kace.synthetic`'s solver machinery (`synthetic.train_solver`: a BPE tokenizer with
 the numbers and rule words as added single tokens, `lm.sft`) and cached like the solver, in
 `<cache_dir>/learned-teacher-<hash of LearnedTeacherConfig>/` (`ensure_learned_teacher`).
 `card_accuracy` measures how often its cards (or any teacher's) state the true convention on
@@ -161,7 +161,7 @@ def _build(path: str, config: LearnedTeacherConfig) -> None:
   examples = training_examples(config)
   corpus = [chat[0]["content"] for chat, _ in examples[::50]] + ["user\nassistant\n"] * 20
   added = (*(number_token(x) for x in numbers()), *RULE_OF_WORD)
-  _, history, count = synthetic._train(
+  _, history, count = synthetic.train_solver(
     path,
     examples,
     corpus,

@@ -35,6 +35,16 @@ OFFSETS = (-3, -2, -1, 1, 2, 3)
 Shown = Sequence[tuple[str, testbed.Convention]]  # (kind word, rule) of each card in the prompt
 
 
+@dataclasses.dataclass(frozen=True)
+class Ask:
+  """`n` samples of one problem given the cards `shown`, drawn from `rng` (`Reader.answers`)."""
+
+  problem: testbed_v3.Problem
+  shown: Shown
+  n: int
+  rng: random.Random
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Reader:
   """One scripted reader (module docstring): `policy` of card use and large-class arithmetic error."""
@@ -68,6 +78,12 @@ class Reader:
     if problem.size == "large" and rng.random() < self.large_error:
       base += rng.choice(OFFSETS)
     return str(rule.apply(base))
+
+  def answers(self, asks: Sequence[Ask]) -> list[list[str]]:
+    """Each ask's samples, `answer` after `answer` from its rng, the asks in order (asks that share
+    one rng draw from it in turn). A model reader (`kace.v3_reader`) answers every ask in one
+    generator call."""
+    return [[self.answer(a.problem, a.shown, a.rng) for _ in range(a.n)] for a in asks]
 
 
 # The registered readers: the three the issue names, with arithmetic as the v3 solver is meant to

@@ -287,7 +287,7 @@ def _build(path: str, config: TinySolverConfig) -> None:
   corpus = [projection.solver_prompt(p.question) + f" \\boxed{{{p.answer}}}" for p in train[::4]]
   # Chat roles and card lines are repeated so that BPE merges them: shorter prompts, faster runs.
   corpus += ["user\nassistant\n", *(cards_lib.render_card(c) for c in tree.cards)] * 50
-  _, history, count = _train(path, examples, corpus, config, log_every=max(1, config.steps // 10))
+  _, history, count = train_solver(path, examples, corpus, config, log_every=max(1, config.steps // 10))
   tree.save(os.path.join(path, "tree.json"))
   rundir.write_json(
     os.path.join(path, "build.json"),
@@ -435,7 +435,7 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
   if config.curriculum_steps:
     few = dataclasses.replace(config, min_distractors=0, max_distractors=config.curriculum_distractors)
     first = testbed_examples(few)
-  model, history, count = _train(
+  model, history, count = train_solver(
     path,
     examples,
     corpus,
@@ -454,7 +454,7 @@ def _build_testbed(path: str, config: TestbedSolverConfig) -> None:
   )  # fmt: skip
 
 
-def _train(
+def train_solver(
   path: str,
   examples,
   corpus: Sequence[str],

@@ -4,8 +4,10 @@ Why: the registration (docs/kace_v3.md) puts each scripted reader's verdict besi
 before any trained arm runs. That needs every arm's tree as that reader would get it, at the budgets
 registered for the trained arms, without a model. This module declares the arms (`ARMS`: blocks,
 ADD's acceptance, REFINE's variant, inference), solves a problem under a tree with a scripted reader
-(`Solver`, voting with `kace.tiers` itself, so the tiers, the exits and the pool are the real ones)
-and measures the gates; `kace.v3_learn` builds each arm's tree with the programmatic teacher.
+or the trained v3 solver (`kace.v3_reader.ModelReader`) (`Solver`, voting with `kace.tiers` itself,
+so the tiers, the exits and the pool are the real ones; `Solver.prefetch` draws many problems'
+stages in one `reader.answers` call, one generator call for a model) and measures the gates;
+`kace.v3_learn` builds each arm's tree with the programmatic teacher.
 Samples are seeded by (build, reader, problem, stage) only, so two trees that show a problem the
 same cards give it the same samples (common random numbers, as `kace.learn` relies on). Every number
 is labelled "scripted reader, programmatic teacher" wherever it appears.
@@ -164,11 +166,19 @@ class Outcome:
 
 class Solver:
   """One reader on one build: solves problems under a tree with an arm's inference, memoised on the
-  cards each stage shows (with common random numbers the cards shown decide the outcome)."""
+  cards each stage shows (with common random numbers the cards shown decide the outcome).
+
+  A stage's samples are seeded by (build, reader, problem, stage) and kept per (problem, stage, cards
+  shown), so two trees that show a stage the same cards reuse its samples. `prefetch` draws, for
+  every problem not yet solved under a tree, the samples of every stage it could reach, in one
+  `reader.answers` call (one generator call for a model reader, `kace.v3_reader`); `correct`
+  prefetches first. A scripted reader's samples are the same whether prefetched or drawn one stage
+  at a time (each stage has its own rng)."""
 
   def __init__(self, reader: readers.Reader, build: int, budget: Budget):
     self.reader, self.build, self.budget = reader, build, budget
     self._cache: dict = {}
+    self._samples: dict = {}
 
   def shown(self, tree: Tree | None, arm: Arm, tier: str | None, problem: testbed_v3.Problem) -> tuple:
     if tree is None or tier is None:
@@ -179,16 +189,44 @@ class Solver:
     ranked = sorted(range(len(pool)), key=lambda i: (pool[i][0] != problem.kind, i))
     return tuple(pool[i] for i in ranked[: self.budget.top_k])
 
-  def solve(self, tree: Tree | None, arm: Arm, problem: testbed_v3.Problem) -> Outcome:
-    schedule = PLAYBOOK_SCHEDULE if arm.inference == "playbook" else tiers.Schedule()
+  @staticmethod
+  def schedule(arm: Arm) -> tiers.Schedule:
+    return PLAYBOOK_SCHEDULE if arm.inference == "playbook" else tiers.Schedule()
+
+  def _key(self, tree: Tree | None, arm: Arm, problem: testbed_v3.Problem) -> tuple:
     stages = (*READING, None) if arm.inference != "playbook" else (tiers.HS,)
-    key = (problem.id, arm.inference, tuple(self.shown(tree, arm, t, problem) for t in stages))
+    return (problem.id, arm.inference, tuple(self.shown(tree, arm, t, problem) for t in stages))
+
+  def _ask(self, tree, arm: Arm, problem: testbed_v3.Problem, request: tiers.Request) -> tuple:
+    """(sample key, `readers.Ask`) of one stage's request."""
+    shown = self.shown(tree, arm, request.cards_tier, problem)
+    rng = random.Random(seed_of(self.build, self.reader.name, problem.id, request.stage))
+    return (problem.id, request.stage, request.n, shown), readers.Ask(problem, shown, request.n, rng)
+
+  def prefetch(self, tree: Tree | None, arm: Arm, problems: Sequence[testbed_v3.Problem]) -> None:
+    """Draws, in one `reader.answers` call, every stage's samples that solving `problems` under
+    `tree` could need and that are not drawn yet."""
+    schedule, todo = self.schedule(arm), {}
+    for p in problems:
+      if self._key(tree, arm, p) in self._cache:
+        continue
+      for request in _requests(schedule):
+        key, ask = self._ask(tree, arm, p, request)
+        if key not in self._samples:
+          todo.setdefault(key, ask)
+    if todo:
+      for key, answers in zip(todo, self.reader.answers(list(todo.values())), strict=True):
+        self._samples[key] = tuple(answers)
+
+  def solve(self, tree: Tree | None, arm: Arm, problem: testbed_v3.Problem) -> Outcome:
+    schedule, key = self.schedule(arm), self._key(tree, arm, problem)
     if key not in self._cache:
 
       def draw(request: tiers.Request) -> list[tiers.Sample]:
-        rng = random.Random(seed_of(self.build, self.reader.name, problem.id, request.stage))
-        shown = self.shown(tree, arm, request.cards_tier, problem)
-        return [tiers.Sample(self.reader.answer(problem, shown, rng)) for _ in range(request.n)]
+        sample_key, ask = self._ask(tree, arm, problem, request)
+        if sample_key not in self._samples:
+          self._samples[sample_key] = tuple(self.reader.answers([ask])[0])
+        return [tiers.Sample(a) for a in self._samples[sample_key]]
 
       decision, rounds = tiers.run_problem(draw, schedule, str.__eq__)
       right = decision.answer == problem.problem.answer
@@ -197,7 +235,16 @@ class Solver:
     return self._cache[key]
 
   def correct(self, tree: Tree | None, arm: Arm, problems: Sequence[testbed_v3.Problem]) -> int:
+    self.prefetch(tree, arm, problems)
     return sum(self.solve(tree, arm, p).correct for p in problems)
+
+
+def _requests(schedule: tiers.Schedule) -> list[tiers.Request]:
+  """Every request `schedule` can make of a problem (each tier's, then the pool's fresh samples)."""
+  out = [tiers.Request(t.name, t.samples, t.name if t.reads_cards else None) for t in schedule.tiers]
+  drawn = sum(t.samples for t in schedule.tiers)
+  fresh = max(0, schedule.pool_size - drawn) if schedule.pool_reuse else schedule.pool_size
+  return out + ([tiers.Request(tiers.POOL, fresh, schedule.pool_reads)] if fresh else [])
 
 
 # The gates a v3 solver must pass on the calibration split before any arm runs (docs/kace_v3.md):
@@ -222,27 +269,28 @@ def true_tree(world: testbed_v3.WorldConfig) -> Tree:
 
 
 def gates(solver: Solver, world: testbed_v3.WorldConfig, samples: int = 8) -> dict:
-  """`GATES` measured for `solver`'s reader on the calibration split: {"rates": ..., "passed": ...}."""
+  """`GATES` measured for `solver`'s reader on the calibration split: {"rates": ..., "passed": ...}.
+  The card-rate samples are drawn in one `reader.answers` call, from one rng in a fixed order; the
+  true tree's problems in one `Solver.prefetch`."""
   rules, part = world.rules(), world.split("calibration")
   rng = random.Random(seed_of("gates", world.seed, solver.reader.name))
-
-  def rate(problems, with_card: bool) -> float:
-    right = 0
-    for p in problems:
-      shown = [(p.kind, rules[(p.domain, p.family, p.size)])] if with_card else []
-      right += sum(solver.reader.answer(p, shown, rng) == p.problem.answer for _ in range(samples))
-    return right / (samples * len(problems))
-
   small = [p for p in part if p.size == "small"]
   large = [p for p in part if p.size == "large"]
+  conditions = {"small_true_card": (small, True), "no_card": (part, False), "large_true_card": (large, True)}
+  asks, rows = [], []
+  for name, (problems, with_card) in conditions.items():
+    for p in problems:
+      shown = [(p.kind, rules[(p.domain, p.family, p.size)])] if with_card else []
+      asks.append(readers.Ask(p, shown, samples, rng))
+      rows.append(name)
+  right = dict.fromkeys(conditions, 0)
+  for name, ask, answers in zip(rows, asks, solver.reader.answers(asks), strict=True):
+    right[name] += sum(a == ask.problem.problem.answer for a in answers)
+  rates = {name: right[name] / (samples * len(problems)) for name, (problems, _) in conditions.items()}
   tree, arm = true_tree(world), Arm(name="true_tree")
+  solver.prefetch(tree, arm, part)
   late = lambda ps: sum(solver.solve(tree, arm, p).exit_tier in (tiers.HS, tiers.POOL) for p in ps) / len(ps)
-  rates = {
-    "small_true_card": rate(small, True),
-    "no_card": rate(part, False),
-    "large_true_card": rate(large, True),
-    "exit_separation": late(large) - late(small),
-  }
+  rates["exit_separation"] = late(large) - late(small)
   passed = {}
   for name, (op, bound) in GATES.items():
     x = rates[name]
