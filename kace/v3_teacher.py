@@ -148,7 +148,7 @@ def _build(path: str, config: V3TeacherConfig) -> None:
     *(learned_teacher.number_token(x) for x in numbers(config.operands)),
     *learned_teacher.RULE_OF_WORD,
   )
-  _, history, count = synthetic._train(
+  _, history, count = synthetic.train_solver(
     path,
     examples,
     corpus,
