@@ -113,7 +113,6 @@ def run(
     "builds": list(config.builds),
   }
   reader = reader or v3_reader.ModelReader.build(cache, config.solver)
-  teacher = teacher or v3_teacher.LearnedV3Teacher.build(cache, config.teacher)
   gates = _load_or(
     os.path.join(workdir, "gates.json"),
     stamp,
@@ -128,6 +127,7 @@ def run(
     )
     progress(reason)
     return {"stopped": reason, "gates": gates}
+  teacher = teacher or v3_teacher.LearnedV3Teacher.build(cache, config.teacher)  # past the gates only
   per_build = []
   for b in config.builds:
 

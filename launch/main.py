@@ -9,14 +9,17 @@ In order, each into its own sub-directory of --workdir, each resumable on its ow
                        out of sample) and, in dpa_testbed/theory/, the theory figures
                        (launch/theory.py). Nine seeds, the registered run, is --dpa_seeds=0,...,8;
                        v1's testbed stays: --dpa_config=configs/dpa_grpo.py:testbed;
-  kace_testbed/        the KACE latent-convention testbed (launch/kace_testbed.py: solver gates, every
-                       method x three seeds, pre-registered predictions);
+  kace_v3/             KACE testbed v3 (launch/kace_v3.py, configs/kace_v3.py): the trained solver's
+                       gates on every build's calibration split, then every arm x ten builds with the
+                       learned teacher, each registered prediction judged with intervals clustered
+                       by build and labelled tested or not by the scripted readers (docs/kace_v3.md).
+                       v1 and v2 stay: python -m launch.kace_testbed [--config=configs/kace.py:testbed_v2];
 then report.md: the machine, the commit, each part's wall time and its report with its figures.
 
 A part whose trained roles fail their gates (lm.gates.GateError) is reported as stopped there and
 the other part still runs; the job then exits non-zero. Any other error stops the job. The warm
-start and the KACE solver are cached across run directories (`warm_start.cache_dir`,
-`synthetic.cache_dir`), so a second run directory on the same machine skips both builds.
+start and the KACE solver and teacher are cached across run directories (`warm_start.cache_dir`,
+`cache_dir`), so a second run directory on the same machine skips their builds.
 `--parts` runs a subset; `--dpa_config.*` / `--kace_config.*` override either preset.
 """
 
@@ -37,7 +40,7 @@ from lm import progress, rundir
 
 PARTS = ("dpa_grpo", "kace")
 _DPA = common.define_config("dpa_config", "configs/dpa_grpo.py:testbed_v3")
-_KACE = common.define_config("kace_config", "configs/kace.py:testbed")
+_KACE = common.define_config("kace_config", "configs/kace_v3.py")
 _THEORY = common.define_config("theory_config", "configs/theory.py")
 common.define_workdir()
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {list(PARTS)}.")
@@ -64,8 +67,8 @@ PLAN = {
   ),
 }
 
-_DIRS = {"dpa_grpo": "dpa_testbed", "kace": "kace_testbed"}
-_TITLES = {"dpa_grpo": "DPA-GRPO: the copy-and-check testbed", "kace": "KACE: the latent-convention testbed"}
+_DIRS = {"dpa_grpo": "dpa_testbed", "kace": "kace_v3"}
+_TITLES = {"dpa_grpo": "DPA-GRPO: the copy-and-check testbed", "kace": "KACE: testbed v3, trained solver"}
 
 
 def _run_dpa(workdir: str, configs: dict, allow_config_change: bool) -> str:
@@ -82,23 +85,29 @@ def _run_dpa(workdir: str, configs: dict, allow_config_change: bool) -> str:
 
 
 def _run_kace(workdir: str, configs: dict, allow_config_change: bool) -> str:
-  from kace import pipeline
+  from kace import v3_run
+  from lm.gates import GateError
 
-  return pipeline.run_testbed(workdir, configs["kace"], allow_config_change=allow_config_change)
+  config = configs["kace"]
+  rundir.prepare_workdir(workdir, config.to_dict(), allow_changes=allow_config_change)
+  record = v3_run.run(workdir, config, progress=progress.say)
+  if "stopped" in record:
+    raise GateError(record["stopped"])
+  return os.path.join(workdir, "report.md")
 
 
 def _typed_configs(parts: list[str]) -> dict:
   """Every part's typed config, checked before any part runs (one line and exit 2 on a bad one)."""
   from dpa_grpo.config import ExperimentConfig
   from dpa_grpo.theory_config import TheoryConfig
-  from kace import config as kace_config
+  from kace import v3_run
 
   configs = {}
   if "dpa_grpo" in parts:
     configs["dpa_grpo"] = common.typed(_DPA, lambda c: ExperimentConfig.from_dict(c.to_dict()))
     configs["theory"] = common.typed(_THEORY, lambda c: TheoryConfig.from_dict(c.to_dict()))
   if "kace" in parts:
-    configs["kace"] = common.typed(_KACE, kace_config.KaceConfig.from_dict)
+    configs["kace"] = common.typed(_KACE, lambda c: v3_run.V3RunConfig.from_dict(c.to_dict()))
   return configs
 
 

@@ -35,7 +35,7 @@ def test_write_report_says_each_parts_status_and_embeds_what_it_wrote(tmp_path):
   }
   text = pathlib.Path(main_job.write_report(str(tmp_path), parts, "abc1234")).read_text()
   assert "DPA-GRPO: the copy-and-check testbed: done, 3.2 min" in text
-  assert "**Stopped: stopped at its gates (x).** See `kace_testbed/gates.json`." in text
+  assert "**Stopped: stopped at its gates (x).** See `kace_v3/gates.json`." in text
   assert "## DPA report" in text and "![cases](dpa_testbed/figures/cases.png)" in text
   assert "CPUs" in text and "commit abc1234" in text  # the machine and the code the numbers came from
 
@@ -54,14 +54,8 @@ def test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates(tm
     "--dpa_config.warm_start.from_dir=",  # train a 2-step start, not testbed v3's committed one
     f"--dpa_config.warm_start.cache_dir={cache}", "--dpa_config.train.steps=1",
     "--dpa_config.rollout.revisions=2",
-    f"--kace_config.synthetic.cache_dir={cache}",
-    "--kace_config.testbed.per_cell=4", "--kace_config.testbed.test_per_cell=2",
-    "--kace_config.testbed.solver.examples=16", "--kace_config.testbed.solver.steps=1",
-    "--kace_config.testbed.solver.curriculum_steps=1",
-    "--kace_config.testbed.solver.batch_size=4", "--kace_config.testbed.solver.hidden_size=32",
-    "--kace_config.testbed.solver.intermediate_size=64",
-    "--kace_config.roles.solver.sampler.min_prompt_bucket=256",
-    "--kace_config.roles.solver.sampler.step_bucket=8",
+    "--kace_config=configs/kace_v3.py:smoke", f"--kace_config.cache_dir={cache}",
+    "--kace_config.builds=(0,)", "--kace_config.solver.steps=2", "--kace_config.solver.examples=64",
     "--theory_config=configs/theory.py:smoke",
   ]  # fmt: skip
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
@@ -71,7 +65,8 @@ def test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates(tm
   assert "I1" not in done.stderr and "orbax" not in done.stderr  # no INFO log without --verbosity
   report = (run / "report.md").read_text()
   assert report.count("**Stopped: stopped at its gates") == 2
-  assert (run / "dpa_testbed" / "gates.json").exists() and (run / "kace_testbed" / "gates.json").exists()
+  assert (run / "dpa_testbed" / "gates.json").exists() and (run / "kace_v3" / "gates.json").exists()
   assert (run / "dpa_testbed" / "theory" / "phase_portrait.png").exists()
-  assert any(p.name.startswith("testbed-solver-") for p in cache.iterdir())  # the solver, cached there
+  assert any(p.name.startswith("v3-solver-") for p in cache.iterdir())  # the solver, cached there
+  assert not any(p.name.startswith("learned-teacher-") for p in cache.iterdir())  # past the gates only
   assert len([p for p in cache.iterdir() if len(p.name) == 12]) == 1  # the warm start, by its key
