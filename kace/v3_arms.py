@@ -291,8 +291,22 @@ def gates(solver: Solver, world: testbed_v3.WorldConfig, samples: int = 8) -> di
   solver.prefetch(tree, arm, part)
   late = lambda ps: sum(solver.solve(tree, arm, p).exit_tier in (tiers.HS, tiers.POOL) for p in ps) / len(ps)
   rates["exit_separation"] = late(large) - late(small)
+  return judge_gates(rates)
+
+
+def judge_gates(rates: Mapping[str, float]) -> dict:
+  """`GATES` applied to measured `rates`: {"rates", "passed", "all_passed"} (one build's, or the
+  mean over builds: `pooled_gates`)."""
   passed = {}
   for name, (op, bound) in GATES.items():
     x = rates[name]
     passed[name] = bound[0] <= x <= bound[1] if op == "between" else x >= bound if op == ">=" else x <= bound
-  return {"rates": rates, "passed": passed, "all_passed": all(passed.values())}
+  return {"rates": dict(rates), "passed": passed, "all_passed": all(passed.values())}
+
+
+def pooled_gates(per_build: Sequence[Mapping]) -> dict:
+  """The gates on every build's calibration split together: each rate the mean over builds (every
+  build has the same calibration problems per cell, so the mean is the pooled share). The reading of
+  section 3 that `kace.v3_run` applies (docs/kace_v3.md, section 9)."""
+  names = per_build[0]["rates"]
+  return judge_gates({n: sum(g["rates"][n] for g in per_build) / len(per_build) for n in names})

@@ -120,6 +120,7 @@ def cell_tier(tree: Tree, outcome: Outcome, problem: testbed_v3.Problem, rule: s
 def _failures_by_block(solver: Solver, tree: Tree, arm: Arm, problems) -> dict[Block, list]:
   """Failed problems by the block they are taught in (`cell_tier`)."""
   out: dict[Block, list] = {}
+  solver.prefetch(tree, arm, problems)  # one batch for a model reader
   for p in problems:
     o = solver.solve(tree, arm, p)
     tier = None if o.correct else cell_tier(tree, o, p, arm.cell_rule)
@@ -173,6 +174,7 @@ def failing_readers(solver: Solver, tree: Tree, arm: Arm, teach) -> dict[Card, l
   """{card: (base, gold) of the failed teaching problems of its kind word whose path read its block}:
   the examples the curator is shown beside each card's credit."""
   out: dict[Card, list[tuple[int, int]]] = {}
+  solver.prefetch(tree, arm, teach)
   for p in teach:
     o = solver.solve(tree, arm, p)
     if o.correct:
@@ -288,6 +290,7 @@ def build_ace(
   while counts.teacher_calls + 2 <= calls:
     batch = order[(step * 16) % len(order) :][:16] or order[:16]
     step += 1
+    solver.prefetch(tree, arm, batch)
     failed = [p for p in batch if not solver.solve(tree, arm, p).correct]
     counts.teacher_calls += 2
     for card in by.cards(failed, solver.budget.shown_failures, rng) if failed else []:
@@ -312,6 +315,7 @@ def build_gepa(
   order = list(teach)
   while counts.teacher_calls < calls:
     rng.shuffle(order)
+    solver.prefetch(tree, arm, order[:16])
     failed = [p for p in order[:16] if not solver.solve(tree, arm, p).correct]
     counts.teacher_calls += 1
     proposed = by.cards(failed, solver.budget.shown_failures, rng) if failed else []
@@ -392,6 +396,7 @@ def run(
       for arm in arms:
         tree, c = build(solver, arm, world, teacher)
         by = outcomes.setdefault(reader.name, {}).setdefault(arm.name, {})
+        solver.prefetch(tree, arm, problems)
         for p in problems:
           by[(f"build{b}", p.id)] = (p.problem.level, solver.solve(tree, arm, p).correct)
         counts.setdefault(reader.name, {}).setdefault(arm.name, []).append(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kace import readers, v3_arms, v3_learn, v3_reader, v3_solver, v3_teacher, v3_verdicts
@@ -102,10 +102,12 @@ def run(
   progress: Callable[[str], None] = print,
   reader: Any = None,
   teacher: v3_learn.Teacher | None = None,
+  scripted_readers: Sequence[readers.Reader] = readers.READERS,
 ) -> dict:
   """The comparison into `workdir` (module docstring); returns {"stopped": reason} or the verdicts.
   `reader` / `teacher`: the config's trained solver and learned teacher unless given (tests give
-  scripted ones, which the stamp then names)."""
+  scripted ones, which the stamp then names); `scripted_readers`: the registered readers whose
+  verdicts label each prediction (tests give fewer)."""
   cache = os.path.expanduser(config.cache_dir)
   stamp = {
     "solver": config.solver.key() if reader is None else reader.name,
@@ -118,15 +120,17 @@ def run(
     stamp,
     lambda: {"gates": v3_reader.calibration_gates(reader, config.builds)},
   )["gates"]
-  failed = [g["build"] for g in gates if not g["all_passed"]]
-  if failed:
-    reason = f"the trained solver fails a gate on the calibration split of build(s) {failed}"
-    reason += ": the test split is not read"
+  pooled = v3_arms.pooled_gates(gates)
+  if not pooled["all_passed"]:
+    failed = sorted(n for n, ok in pooled["passed"].items() if not ok)
+    reason = f"the trained solver fails the gate(s) {failed} on the calibration split of builds"
+    reason += f" {list(config.builds)} pooled: the test split is not read"
     rundir.write_json(
-      os.path.join(workdir, "verdicts.json"), {"stamp": stamp, "stopped": reason, "gates": gates}
+      os.path.join(workdir, "verdicts.json"),
+      {"stamp": stamp, "stopped": reason, "gates": gates, "pooled_gates": pooled},
     )
     progress(reason)
-    return {"stopped": reason, "gates": gates}
+    return {"stopped": reason, "gates": gates, "pooled_gates": pooled}
   teacher = teacher or v3_teacher.LearnedV3Teacher.build(cache, config.teacher)  # past the gates only
   per_build = []
   for b in config.builds:
@@ -145,27 +149,58 @@ def run(
     for arm, c in rec["counts"].items():
       merged["counts"][reader.name].setdefault(arm, []).extend(c)
     merged["gates"][reader.name].extend(rec["gates"])
-  scripted_stamp = {"builds": list(config.builds), "readers": [r.name for r in readers.READERS]}
+  scripted_stamp = {"builds": list(config.builds), "readers": [r.name for r in scripted_readers]}
   scripted = _load_or(
     os.path.join(workdir, "readers.json"),
     scripted_stamp,
-    lambda: _serialisable(v3_learn.run(readers.READERS, config.builds, progress=progress)),
+    lambda: _serialisable(v3_learn.run(scripted_readers, config.builds, progress=progress)),
   )
   scripted = {**scripted, "outcomes": {n: _unkeyed(o) for n, o in scripted["outcomes"].items()}}
+  scripted_rows = v3_verdicts.verdicts(scripted, config.bootstrap)
   rows = v3_verdicts.labelled(
-    v3_verdicts.verdicts(merged, config.bootstrap),
-    v3_verdicts.verdicts(scripted, config.bootstrap),
-    scripted["gates"],
+    v3_verdicts.verdicts(merged, config.bootstrap), scripted_rows, scripted["gates"]
+  )
+  # beside it, not instead: the builds whose own calibration gates all pass (docs/kace_v3.md, section 9)
+  passing = [g["build"] for g in gates if g["all_passed"]]
+  only = _builds(merged, passing)
+  on_passing = v3_verdicts.labelled(
+    v3_verdicts.verdicts(only, config.bootstrap), scripted_rows, scripted["gates"]
   )
   record = {
     "stamp": stamp, "builds": list(config.builds), "verdicts": rows, "counts": merged["counts"],
-    "gates": merged["gates"], "calibration_gates": gates, "teachers": per_build[0].get("teachers", {}),
+    "gates": merged["gates"], "calibration_gates": gates, "pooled_gates": pooled,
+    "builds_passing_their_own_gates": passing, "verdicts_on_those_builds": on_passing,
+    "teachers": per_build[0].get("teachers", {}),
     "labels": {reader.name: getattr(reader, "label", readers.LABEL), "teacher": teacher.name},
   }  # fmt: skip
   rundir.write_json(os.path.join(workdir, "verdicts.json"), record)
+  rates = ", ".join(f"{n} {v:.3f}" for n, v in pooled["rates"].items())
+  head = [
+    f"Solver: {record['labels'][reader.name]}; teacher: {teacher.name}; builds {list(config.builds)}.",
+    f"Calibration gates, pooled over the builds: {rates} (all passed); each build's own gates: "
+    f"{len(passing)} of {len(gates)} builds pass all.",
+    "",
+  ]
+  beside = v3_verdicts.trained_markdown(on_passing, only).split("\nAccuracy")[0]
+  tail = [
+    "",
+    f"The same predictions on the {len(passing)} builds whose own gates all pass (beside):",
+    "",
+    beside,
+  ]
   with open(os.path.join(workdir, "report.md"), "w", encoding="utf-8") as f:
-    f.write(v3_verdicts.trained_markdown(rows, merged))
+    f.write("\n".join(head) + v3_verdicts.trained_markdown(rows, merged) + "\n".join(tail) + "\n")
   return record
+
+
+def _builds(result: Mapping, builds: Sequence[int]) -> dict:
+  """`result` (one reader's) restricted to `builds`."""
+  keep = {f"build{b}" for b in builds}
+  (name,) = result["outcomes"]
+  outcomes = {a: {k: v for k, v in by.items() if k[0] in keep} for a, by in result["outcomes"][name].items()}
+  counts = {a: [c for c in cs if c["build"] in builds] for a, cs in result["counts"][name].items()}
+  gates = [g for g in result["gates"][name] if g.get("build", -1) in builds or "build" not in g]
+  return {"outcomes": {name: outcomes}, "counts": {name: counts}, "gates": {name: gates}}
 
 
 def _serialisable(result: Mapping) -> dict:

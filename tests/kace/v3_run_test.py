@@ -10,7 +10,7 @@ import os
 import pytest
 
 from configs import kace_v3 as presets
-from kace import readers, v3_learn, v3_run, v3_solver, v3_teacher
+from kace import readers, v3_arms, v3_learn, v3_run, v3_solver, v3_teacher
 
 READER = {r.name: r for r in readers.READERS}
 
@@ -33,31 +33,46 @@ def test_a_failed_gate_stops_before_the_test_split(tmp_path):
   config = v3_run.V3RunConfig(builds=(0,), bootstrap=200)
   out = v3_run.run(str(tmp_path), config, progress=lambda _: None, reader=READER["scope_exact"],
                    teacher=v3_learn.PROGRAMMATIC)  # fmt: skip
-  assert "stopped" in out and "build(s) [0]" in out["stopped"]
+  assert "stopped" in out and "'exit_separation'" in out["stopped"] and "pooled" in out["stopped"]
   assert not os.path.exists(tmp_path / "build0.json") and os.path.exists(tmp_path / "gates.json")
 
 
 def test_every_build_is_saved_resumed_and_labelled(tmp_path, monkeypatch):
   config = v3_run.V3RunConfig(builds=(0, 1), bootstrap=200)
+  scripted = (READER["mix"], READER["scope_exact"])
   kwargs = dict(progress=lambda _: None, reader=READER["mix"], teacher=v3_learn.PROGRAMMATIC)
-  record = v3_run.run(str(tmp_path), config, **kwargs)
+  record = v3_run.run(str(tmp_path), config, scripted_readers=scripted, **kwargs)
   assert [r["prediction"] for r in record["verdicts"]][:2] == ["v3-1", "v3-2"]
   first = record["verdicts"][0]
-  assert set(first["scripted"]) == set(READER) and first["tested"] is False  # every reader: held
+  assert set(first["scripted"]) == {"mix", "scope_exact"} and first["tested"] is False  # both: held
   assert "kace_oracle_teacher" in record["counts"]["mix"] and len(record["counts"]["mix"]["kace"]) == 2
+  assert record["pooled_gates"]["all_passed"] and record["verdicts_on_those_builds"]
   report = (tmp_path / "report.md").read_text()
-  assert "| v3-1 |" in report and "not tested" in report
-  # a rerun reads every build back (no arm runs again) and writes the same verdicts
-  saved = json.loads((tmp_path / "build1.json").read_text())
+  assert "| v3-1 |" in report and "not tested" in report and "whose own gates all pass" in report
 
   def no_rerun(*args, **kwargs):
     raise AssertionError("a saved build ran again")
 
-  with monkeypatch.context() as m:
+  with monkeypatch.context() as m:  # a rerun reads every build back and writes the same verdicts
     m.setattr(v3_learn, "run", no_rerun)
-    again = v3_run.run(str(tmp_path), config, **kwargs)
+    again = v3_run.run(str(tmp_path), config, scripted_readers=scripted, **kwargs)
   assert again["verdicts"] == json.loads(json.dumps(record["verdicts"]))
-  # another reader is another config: its builds are recomputed, not mixed in
-  other = v3_run.run(str(tmp_path), config, **{**kwargs, "reader": READER["first_card"]})
-  assert json.loads((tmp_path / "build1.json").read_text())["stamp"]["solver"] == "first_card"
-  assert saved["stamp"]["solver"] == "mix" and "first_card" in other["counts"]
+  # a record written under another config (another solver) is made again, not read
+  path = str(tmp_path / "build1.json")
+  assert v3_run._load_or(
+    path, {"solver": "mix", "teacher": "programmatic teacher", "builds": [0, 1]}, no_rerun
+  )
+  remade = v3_run._load_or(path, {"solver": "other"}, lambda: {"x": 1})
+  assert remade == {"stamp": {"solver": "other"}, "x": 1}
+
+
+def test_the_gates_pooled_over_builds_are_their_mean_judged_once():
+  def build(separation):
+    rates = {"small_true_card": 0.99, "no_card": 0.08, "large_true_card": 0.36, "exit_separation": separation}
+    return v3_arms.judge_gates(rates)
+
+  per_build = [build(0.19), build(0.45)]  # the first fails its own exit-separation gate
+  assert [g["all_passed"] for g in per_build] == [False, True]
+  pooled = v3_arms.pooled_gates(per_build)
+  assert pooled["rates"]["exit_separation"] == pytest.approx(0.32) and pooled["all_passed"]
+  assert not v3_arms.pooled_gates([build(0.19), build(0.39)])["all_passed"]  # mean 0.29 < 0.3
