@@ -1,6 +1,6 @@
 """KACE testbed v3's trained comparison (docs/kace_v3.md; `kace.v3_run.V3RunConfig` types it in
 launch/kace_v3.py). Presets: default (the registered run: ten builds), smoke (tiny solver and
-teacher, two builds: the launcher's test; its solver fails the gates, so the run stops there).
+teacher, one build: the launcher's test; its solver fails the gates, so the run stops there).
 
 The solver's and the teacher's fields are those of `kace.v3_solver.V3SolverConfig` and
 `kace.v3_teacher.V3TeacherConfig`, written out so that this file imports no library module;
@@ -11,7 +11,7 @@ import ml_collections
 
 PRESETS = {
   "default": "the registered comparison: trained solver, learned teacher, ten builds (tens of minutes)",
-  "smoke": "a tiny solver and teacher, two builds, for tests (it stops at the solver's gates)",
+  "smoke": "a tiny solver and teacher, one build, for tests (it stops at the solver's gates)",
 }
 
 SOLVER = dict(
@@ -68,9 +68,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c.solver = ml_collections.ConfigDict(dict(SOLVER))
   c.teacher = ml_collections.ConfigDict(dict(TEACHER))
   if arg == "smoke":
-    c.builds = (0, 1)
+    c.builds = (0,)
     c.bootstrap = 200
-    c.solver.update(examples=400, steps=20, curriculum_steps=0, vocab_size=512)
+    c.solver.update(examples=64, steps=2, curriculum_steps=0, vocab_size=512)
     c.teacher.update(
       examples=400, steps=20, vocab_size=1024, hidden_size=32, intermediate_size=64, head_dim=8
     )

@@ -48,6 +48,8 @@ COMMANDS = {
   "python -m launch.kace_build --workdir=runs/kace_build '--config.methods=(\"kace\",)'":
     _RUNS + "test_kace_build_and_table_smoke_runs",
   "python -m launch.kace_table --workdir=runs/kace_table": _RUNS + "test_kace_build_and_table_smoke_runs",
+  "python -m launch.kace_v3 --workdir=runs/kace_v3":
+    "tests/kace/v3_run_test.py::test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size",
   "python -m launch.kace_testbed --workdir=runs/kace_testbed":
     "tests/kace/testbed_pipeline_test.py::test_the_launcher_refuses_a_solver_that_fails_its_gates",
   "python -m launch.dpa_testbed --workdir=runs/dpa_testbed":

@@ -6,6 +6,9 @@ tests/kace/v3_solver_test.py); the config file's solver and teacher agree with t
 import dataclasses
 import json
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +24,7 @@ def test_the_config_file_writes_out_the_libraries_defaults_and_types_once():
   typed = v3_run.V3RunConfig.from_dict(presets.get_config().to_dict())
   assert typed == v3_run.V3RunConfig() and typed.builds == tuple(range(10))
   smoke = v3_run.V3RunConfig.from_dict(presets.get_config("smoke").to_dict())
-  assert smoke.builds == (0, 1) and smoke.solver.steps == 20
+  assert smoke.builds == (0,) and smoke.solver.steps == 2
   with pytest.raises(ValueError, match="unknown key"):
     v3_run.V3RunConfig.from_dict({**presets.get_config().to_dict(), "bulids": (0,)})
   with pytest.raises(ValueError, match="solver: unknown key"):
@@ -76,3 +79,24 @@ def test_the_gates_pooled_over_builds_are_their_mean_judged_once():
   pooled = v3_arms.pooled_gates(per_build)
   assert pooled["rates"]["exit_separation"] == pytest.approx(0.32) and pooled["all_passed"]
   assert not v3_arms.pooled_gates([build(0.19), build(0.39)])["all_passed"]  # mean 0.29 < 0.3
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_launcher_as_the_readme_writes_it_stops_at_the_gates_at_smoke_size(tmp_path):
+  """`python -m launch.kace_v3 --workdir=...` at smoke size: a 2-step solver fails the gates, so the
+  run stops before the test split (exit non-zero, verdicts.json says why, no teacher built); a rerun
+  into the same directory with another config stops in one line naming the key."""
+  root = pathlib.Path(__file__).parents[2]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
+  base = [sys.executable, "-m", "launch.kace_v3", f"--workdir={tmp_path / 'run'}",
+          "--config=configs/kace_v3.py:smoke", f"--config.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+  done = subprocess.run(base, cwd=root, env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert done.returncode != 0 and "stopped: the trained solver fails the gate(s)" in done.stderr, done.stderr[
+    -2000:
+  ]
+  assert json.loads((tmp_path / "run" / "verdicts.json").read_text())["stopped"]
+  assert not any(p.name.startswith("learned-teacher") for p in (tmp_path / "cache").iterdir())
+  again = subprocess.run([*base, "--config.bootstrap=300"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)  # fmt: skip
+  assert again.returncode != 0 and "bootstrap" in again.stderr and "--allow_config_change" in again.stderr

@@ -55,7 +55,6 @@ def test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates(tm
     f"--dpa_config.warm_start.cache_dir={cache}", "--dpa_config.train.steps=1",
     "--dpa_config.rollout.revisions=2",
     "--kace_config=configs/kace_v3.py:smoke", f"--kace_config.cache_dir={cache}",
-    "--kace_config.builds=(0,)", "--kace_config.solver.steps=2", "--kace_config.solver.examples=64",
     "--theory_config=configs/theory.py:smoke",
   ]  # fmt: skip
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
