@@ -59,6 +59,7 @@ ENTRY_POINTS = {
         "kace-eval = launch.kace_eval:run",
         "kace-table = launch.kace_table:run",
         "kace-testbed = launch.kace_testbed:run",
+        "kace-v3 = launch.kace_v3:run",
         "lm-plan = launch.plan:run",
         "lm-serve = launch.serve:run",
         "lm-sweep = launch.sweep:run",

@@ -4,6 +4,7 @@ ten builds, each prediction judged and labelled tested or not by the scripted re
 
 python -m launch.kace_v3 --workdir=runs/kace_v3
 python -m launch.kace_v3 --workdir=/tmp/kace_v3_smoke --config=configs/kace_v3.py:smoke
+python -m launch.kace_v3 --workdir=runs/kace_v3_b5 "--config.builds=(0,1,2,3,4)" --config.bootstrap=5000
 
 Builds the solver and the teacher once into --config.cache_dir, measures the solver's gates on every
 build's calibration split (a failed gate stops the run before the test split is read: verdicts.json

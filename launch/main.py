@@ -53,18 +53,18 @@ _DPA_SEEDS = flags.DEFINE_list(
 
 # What each part does and how long it takes on a 2-core CPU machine (docs/results/2026-12-01-main-job.md:
 # the whole job 50.6 min from empty caches with v1's DPA-GRPO part; 2-core AMD EPYC with AVX2, load
-# 2-5). The v3 part: 23.5 min (docs/results/2026-12-04-main-job-dpa-v3.md). KACE v3: gates 1.5 min, ten
-# builds 6.3, readers 1.5 (docs/results/2026-12-04-kace-v3-trained.md).
+# 2-5). The v3 part: 23.5 min (docs/results/2026-12-04-main-job-dpa-v3.md). The whole job with both v3
+# parts, 2-core Intel Xeon with AVX-512: DPA-GRPO 15.8 min, KACE 6.2 (docs/results/2026-12-04-main-job.md).
 PLAN = {
   "dpa_grpo": (
     "theory figures; testbed v3 from its committed warm start; step-0 gates; four arms x three "
     "seeds of 60 steps; the report",
-    "about 24 min (three seeds of four arms)",
+    "about 16 min (three seeds of four arms; 24 on an AVX2 machine)",
   ),
   "kace": (
     "solver and teacher builds (once into ~/.cache/kace/, about 8 min each); the solver's gates; "
     "14 arms x ten builds; the scripted readers; the report",
-    "about 10 min with both cached, 26 min building them (2026-12-04)",
+    "about 6 min with both cached, 22 min building them (2026-12-04)",
   ),
 }
 

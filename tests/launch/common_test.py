@@ -16,8 +16,8 @@ from lm import rundir
 
 ROOT = pathlib.Path(__file__).parents[2]
 LAUNCHERS = (
-  "dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed", "kace_v3_readers",
-  "main", "plan", "serve", "sweep", "theory",
+  "dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed", "kace_v3",
+  "kace_v3_readers", "main", "plan", "serve", "sweep", "theory",
 )  # fmt: skip
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
 
@@ -88,7 +88,7 @@ def test_input_paths_are_checked_and_hub_names_are_not(tmp_path):
 
 # Launchers that write a run directory, so offer --workdir (lm-sweep: without --allow_config_change).
 WRITES_WORKDIR = {"dpa_grpo", "dpa_testbed", "kace_build", "kace_eval", "kace_table", "kace_testbed",
-                  "kace_v3_readers", "main", "sweep", "theory"}  # fmt: skip
+                  "kace_v3", "kace_v3_readers", "main", "sweep", "theory"}  # fmt: skip
 NO_CONFIG_CHANGE = {"sweep", "kace_v3_readers"}  # write a directory but have no config to change
 
 
