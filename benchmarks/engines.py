@@ -20,7 +20,8 @@ log lines never corrupt the protocol. Commands:
 (`serve` is the protocol of every benchmark worker: `benchmarks.rl_bench`'s serve it too.)
 
 The checkpoint directory holds a transformers `save_pretrained` float32 Qwen3 checkpoint and
-`prompts.json` ([B][P] token ids): every engine reads the same weights and the same prompts.
+`prompts.json` ([B][P] token ids): every engine reads the same weights and the same prompts, and
+converts the weights to `BENCH_DTYPE` (float32 or bfloat16, the run's dtype) as it loads.
 """
 
 from __future__ import annotations
@@ -40,8 +41,17 @@ def _threads() -> int:
   return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
 
 
+def _dtype() -> str:
+  """The dtype every engine runs in (`sampler_bench --dtypes`): "float32" or "bfloat16"; the
+  checkpoint on disk is float32 and each engine converts it as it loads."""
+  dtype = os.environ.get("BENCH_DTYPE", "float32")
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"BENCH_DTYPE must be float32 or bfloat16, got {dtype!r}")
+  return dtype
+
+
 class Ours:
-  """`lm.Sampler` in float32 (the project itself)."""
+  """`lm.Sampler` (the project itself): weights, activations and KV cache in `_dtype()`."""
 
   def __init__(self, path: str):
     prompts = _prompts(path)
@@ -61,7 +71,7 @@ class Ours:
     # `sampler_bench --variant`: SamplerConfig fields of this engine (none: the defaults)
     overrides = json.loads(os.environ.get("BENCH_SAMPLER_CONFIG") or "{}")
     config = SamplerConfig(**overrides)
-    self.sampler = Sampler(lm.load_hf(path, dtype="float32"), config=config)
+    self.sampler = Sampler(lm.load_hf(path, dtype=_dtype()), config=config)
     self.prompts = prompts
 
   def generate(self, new: int) -> dict:
@@ -70,7 +80,7 @@ class Ours:
 
 
 class Transformers:
-  """transformers `generate` (PyTorch, CPU, float32): the reference implementation."""
+  """transformers `generate` (PyTorch, CPU, weights in `_dtype()`): the reference implementation."""
 
   def __init__(self, path: str):
     prompts = _prompts(path)
@@ -80,7 +90,8 @@ class Transformers:
     torch.set_num_threads(_threads())
     self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
     self.torch = torch
-    self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    dtype = getattr(torch, _dtype())
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     self.ids = torch.tensor(prompts)
 
   def generate(self, new: int) -> dict:
@@ -98,7 +109,7 @@ class Transformers:
 
 
 class Vllm:
-  """vLLM's CPU build, in this process (no engine-core subprocess), prefix caching off.
+  """vLLM's CPU build in `_dtype()`, in this process (no engine-core subprocess), prefix caching off.
 
   Prefix caching would serve every trial after the first from cached prompt blocks, which none of
   the other engines does; in-process keeps the work on the threads this process is given.
@@ -112,7 +123,7 @@ class Vllm:
     longest = len(prompts[0]) + int(os.environ.get("BENCH_MAX_NEW", "128"))
     self.llm = vllm.LLM(
       model=path,
-      dtype="float32",
+      dtype=_dtype(),
       skip_tokenizer_init=True,
       enable_prefix_caching=False,
       max_model_len=longest,
@@ -179,7 +190,7 @@ class Tunix:
       norm_eps=hf["rms_norm_eps"],
       use_tied_embedding=hf["tie_word_embeddings"],
     )
-    model = params_lib.create_model_from_safe_tensors(path, config, None, dtype=jnp.float32)
+    model = params_lib.create_model_from_safe_tensors(path, config, None, dtype=jnp.dtype(_dtype()))
     longest = len(prompts[0]) + int(os.environ.get("BENCH_MAX_NEW", "128"))
     self.sampler = sampler_lib.Sampler(
       model,

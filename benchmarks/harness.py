@@ -157,13 +157,14 @@ def measure_bandwidth(num_bytes: int = 1 << 29) -> float:
   return num_bytes / min(times)
 
 
-def measure_peak_flops(n: int = 2048) -> float:
-  """Compute peak in FLOP/s as the roofline's bound: a jitted float32 [n, n] × [n, n] product
-  (XLA:CPU's own dot, every core), best of 5."""
+def measure_peak_flops(n: int = 2048, dtype: str = "float32") -> float:
+  """Compute peak in FLOP/s as the roofline's bound: a jitted [n, n] × [n, n] product in `dtype`
+  (XLA:CPU's own dot, every core), best of 5. In bfloat16 XLA:CPU hands the product to oneDNN,
+  which uses the CPU's bf16 instructions (AVX512_BF16, AMX) where present."""
   import jax
   import jax.numpy as jnp
 
-  a = jnp.ones((n, n), jnp.float32)
+  a = jnp.ones((n, n), jnp.dtype(dtype))
   product = jax.jit(jnp.matmul)
   product(a, a).block_until_ready()
   times = []
@@ -206,21 +207,27 @@ class Dims:
     return itemsize * (self.layer_params + self.vocab * self.hidden + kv)
 
 
+DTYPES = ("float32", "bfloat16")  # the dtypes the benchmarks run in (their `--dtypes`)
+ITEMSIZE = {"float32": 4, "bfloat16": 2}  # bytes a weight and a KV entry, for the decode bound
+
+
 def describe_machine(threads: int, quick: bool) -> dict:
-  """The machine as every run prints it first: CPUs, SIMD flags, read bandwidth, compute peak
-  (both measured here, the roofline's bounds), load average."""
+  """The machine as every run prints it first: CPUs, SIMD flags, read bandwidth, compute peak per
+  dtype (all measured here, the roofline's bounds), load average."""
   load = os.getloadavg()
   bandwidth = measure_bandwidth(1 << 26 if quick else 1 << 29)
-  peak = measure_peak_flops(1024 if quick else 2048)
+  peaks = {dtype: measure_peak_flops(1024 if quick else 2048, dtype) / 1e9 for dtype in DTYPES}
   print(
     f"machine: {os.cpu_count()} CPUs, {cpu_description()}; measured read bandwidth "
-    f"{bandwidth / 1e9:.1f} GB/s, float32 matmul peak {peak / 1e9:.0f} GFLOP/s; load average "
+    f"{bandwidth / 1e9:.1f} GB/s, matmul peak {peaks['float32']:.0f} GFLOP/s float32, "
+    f"{peaks['bfloat16']:.0f} bfloat16; load average "
     f"{' '.join(f'{x:.2f}' for x in load)} (1/5/15 min) at start; {threads} threads per side",
     flush=True,
   )
   return {
     "bandwidth_gb_s": bandwidth / 1e9,
-    "peak_gflop_s": peak / 1e9,
+    "peak_gflop_s": peaks["float32"],
+    "peaks_gflop_s": peaks,  # per dtype: each run's roofline divides by its own dtype's peak
     "cpu": cpu_description(),
     "load_before": load,
     "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

@@ -2,6 +2,7 @@
 
   python -m benchmarks.sampler_bench                 # shapes (a) and (b), every installed engine
   python -m benchmarks.sampler_bench --shapes=a      # the small Qwen3 only
+  python -m benchmarks.sampler_bench --dtypes=bfloat16   # bfloat16 only (default: float32 and bfloat16)
   python -m benchmarks.sampler_bench --quick         # a tiny shape, ours and transformers, seconds
   python -m benchmarks.sampler_bench --shapes=a --engines=ours --baseline=HEAD~1   # a change's ratio
 
@@ -25,10 +26,16 @@ Reported per engine, as median [min–max] over the trials: decode tok/s = B·(n
 ratios ours ÷ engine computed within each trial (so a slow moment of the machine cancels); load
 time (checkpoint to ready) and warm-up (first calls minus the median steady calls: compilation
 for the JIT engines); greedy agreement with ours over the first 16 new tokens. Also printed: the
-CPU, its SIMD flags, the measured read bandwidth and float32 matmul peak, the load average before
+CPU, its SIMD flags, the measured read bandwidth and matmul peak per dtype, the load average before
 and after, and each engine's roofline fractions: decode tok/s over the bound at the measured
-bandwidth (each step reads the float32 weights and the rows' KV cache once), t1 as the prefill's
-counted FLOPs a second over the measured peak.
+bandwidth (each step reads the weights and the rows' KV cache once, at the dtype's bytes), t1 as
+the prefill's counted FLOPs a second over the measured peak of the dtype.
+
+`--dtypes=float32,bfloat16` (the default; `--quick`: float32): every engine runs in each dtype,
+float32 against float32 and bfloat16 against bfloat16 — the float32 checkpoint converted as each
+engine loads it (ours: `lm.load_hf(dtype=)`, weights, activations and KV cache in that dtype;
+transformers: `from_pretrained(dtype=)`; vLLM: `LLM(dtype=)`; tunix: its loader's dtype). One
+interleaved block of trials per shape and dtype, in one run; ratios are within a dtype's trials.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ _TRIALS = flags.DEFINE_integer("trials", 7, "Interleaved trials per shape.")
 _QUICK = flags.DEFINE_bool("quick", False, "A tiny shape, ours and transformers, 3 trials: seconds.")
 _OUT = flags.DEFINE_string("out", "", "Also write every measurement to this JSON file.")
 _THREADS = flags.DEFINE_integer("threads", 0, "Threads per engine (0: every core of the machine).")
+_DTYPES = flags.DEFINE_list(
+  "dtypes", list(harness.DTYPES), "Dtypes every engine runs in, a block of trials each (--quick: float32)."
+)
 _BASELINE = flags.DEFINE_string("baseline", "", "A git ref: also run `ours@REF`, this project's lm at REF.")
 _VARIANTS = flags.DEFINE_multi_string(
   "variant", [], "NAME:FIELD=VALUE[,FIELD=VALUE]: also run `ours[NAME]`, with those SamplerConfig fields."
@@ -101,18 +111,22 @@ class Shape:
   def dims(self) -> harness.Dims:
     return harness.Dims(**{f.name: getattr(self, f.name) for f in dataclasses.fields(harness.Dims)})
 
-  def roofline(self, r: EngineResult, machine: dict) -> dict:
-    """An engine's fractions of the bounds, trial by trial: decode tok/s over the bandwidth
-    bound (the mean cache fill: prompt + new / 2 slots), t1 as the prefill's counted FLOPs (every
-    prompt position, its full masked attention, the head at the last) a second over the peak."""
-    step = self.dims.decode_bytes(self.batch, self.prompt_len + self.new_tokens / 2)
+  def roofline(self, r: EngineResult, machine: dict, dtype: str = "float32") -> dict:
+    """An engine's fractions of the bounds of its dtype, trial by trial: decode tok/s over the
+    bandwidth bound (weights and KV cache at the dtype's bytes, the mean cache fill: prompt + new / 2
+    slots), t1 as the prefill's counted FLOPs (every prompt position, its full masked attention,
+    the head at the last) a second over the dtype's measured matmul peak."""
+    step = self.dims.decode_bytes(self.batch, self.prompt_len + self.new_tokens / 2, harness.ITEMSIZE[dtype])
     bound = self.batch * machine["bandwidth_gb_s"] * 1e9 / step
     prefill = self.dims.forward_flops(self.batch * self.prompt_len, self.prompt_len, self.batch)
+    peak = machine["peaks_gflop_s"][dtype]
     return {
+      "dtype": dtype,
+      "peak_gflop_s": peak,
       "decode_bound_tok_s": bound,
       "decode_of_bound": [x / bound for x in r.decode_tok_s],
       "prefill_gflop": prefill / 1e9,
-      "t1_of_peak": [prefill / (t / 1e3) / (machine["peak_gflop_s"] * 1e9) for t in r.t1_ms],
+      "t1_of_peak": [prefill / (t / 1e3) / (peak * 1e9) for t in r.t1_ms],
     }
 
 
@@ -205,8 +219,9 @@ def write_checkpoint(shape: Shape, path: pathlib.Path) -> None:
   (path / "prompts.json").write_text(json.dumps(prompts.tolist()))
 
 
-def worker_env(shape: Shape, threads: int, workdir: pathlib.Path) -> dict[str, str]:
-  """Every engine's environment: same threads, offline, compilation caches cold (none persists)."""
+def worker_env(shape: Shape, threads: int, workdir: pathlib.Path, dtype: str = "float32") -> dict[str, str]:
+  """Every engine's environment: same threads, same dtype, offline, compilation caches cold (none
+  persists)."""
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "PYTHONPATH")}
   env.update(
     JAX_PLATFORMS="cpu",
@@ -219,6 +234,7 @@ def worker_env(shape: Shape, threads: int, workdir: pathlib.Path) -> dict[str, s
     VLLM_CPU_KVCACHE_SPACE="1",
     VLLM_CACHE_ROOT=str(workdir / "vllm_cache"),
     BENCH_MAX_NEW=str(shape.new_tokens),
+    BENCH_DTYPE=dtype,
   )
   return env
 
@@ -245,22 +261,26 @@ def run_shape(
   workdir: pathlib.Path,
   sources: dict[str, pathlib.Path],
   variants: dict[str, dict] | None = None,
+  dtype: str = "float32",
 ) -> dict:
-  """Every engine at one shape, trials interleaved; returns the measurements and failures.
+  """Every engine at one shape in one dtype, trials interleaved; returns the measurements and
+  failures.
 
   `sources` maps an `ours@REF` engine to its extracted tree (every other engine runs from ROOT);
   `variants` maps an `ours[NAME]` engine to its `SamplerConfig` fields.
   """
   variants = variants or {}
   checkpoint = workdir / "checkpoint"
-  write_checkpoint(shape, checkpoint)
-  env = worker_env(shape, threads, workdir)
+  if not checkpoint.exists():  # one checkpoint for every dtype of the shape
+    write_checkpoint(shape, checkpoint)
+  env = worker_env(shape, threads, workdir, dtype)
 
   def maker(engine: str):
     kind = "ours" if engine.startswith("ours") else engine
     argv = [str(engine_python(engine)), str(ROOT / "benchmarks" / "engines.py"), kind, str(checkpoint)]
     own_env = {**env, "BENCH_SAMPLER_CONFIG": json.dumps(variants.get(engine, {}))}
-    return lambda: harness.Worker(engine, argv, workdir / f"{engine}.log", own_env, sources.get(engine, ROOT))
+    log = workdir / f"{engine}.{dtype}.log"
+    return lambda: harness.Worker(engine, argv, log, own_env, sources.get(engine, ROOT))
 
   def warm_up(worker: harness.Worker) -> tuple[float, float]:
     return (
@@ -298,7 +318,7 @@ def run_shape(
       agreement=sum(same) / len(same) if reference else float("nan"),
       distinct_tokens=len({t for row in mine for t in row}),
     )
-  return {"shape": dataclasses.asdict(shape), "results": results, "failures": failures}
+  return {"shape": dataclasses.asdict(shape), "dtype": dtype, "results": results, "failures": failures}
 
 
 def ratios(results: dict[str, EngineResult], engine: str, field: str) -> list[float]:
@@ -308,8 +328,9 @@ def ratios(results: dict[str, EngineResult], engine: str, field: str) -> list[fl
 
 def print_shape(shape: Shape, measured: dict, fractions: dict) -> None:
   results = measured["results"]
-  print(f"\n{shape.name}: {shape.layers} layers, D {shape.hidden}, F {shape.intermediate}, heads "
-        f"{shape.heads}/{shape.kv_heads}, head_dim {shape.head_dim}, V {shape.vocab}; batch {shape.batch}, "
+  print(f"\n{shape.name}, {measured['dtype']}: {shape.layers} layers, D {shape.hidden}, "
+        f"F {shape.intermediate}, heads {shape.heads}/{shape.kv_heads}, head_dim {shape.head_dim}, "
+        f"V {shape.vocab}; batch {shape.batch}, "
         f"prompt {shape.prompt_len}, {shape.new_tokens} new tokens; medians [min–max] over "
         f"{len(next(iter(results.values())).trials) if results else 0} interleaved trials")  # fmt: skip
   header = (
@@ -336,7 +357,8 @@ def print_shape(shape: Shape, measured: dict, fractions: dict) -> None:
     print(
       f"roofline, {engine}: decode {fmt([100 * x for x in f['decode_of_bound']])}% of the bandwidth "
       f"bound ({f['decode_bound_tok_s']:.1f} tok/s); t1 {fmt([100 * x for x in f['t1_of_peak']])}% "
-      f"of the matmul peak ({f['prefill_gflop']:.2f} GFLOP counted)"
+      f"of the {f['dtype']} matmul peak ({f['prefill_gflop']:.2f} GFLOP counted at "
+      f"{f['peak_gflop_s']:.0f} GFLOP/s)"
     )
   if "ours" in results:
     print(
@@ -360,6 +382,11 @@ def main(argv):
   if _BASELINE.value:
     sources[f"ours@{_BASELINE.value}"] = extract_ref(_BASELINE.value, workdir / "baseline")
   variants = dict(parse_variant(v) for v in _VARIANTS.value)
+  dtypes = ["float32"] if _QUICK.value and not flags.FLAGS["dtypes"].present else _DTYPES.value
+  unknown = sorted(set(dtypes) - set(harness.DTYPES))
+  if unknown:
+    raise app.UsageError(f"--dtypes: {unknown} not among {list(harness.DTYPES)}")
+  failed = False
   try:
     for key in shapes:
       shape = SHAPES[key]
@@ -369,19 +396,22 @@ def main(argv):
         print(line)
       shape_dir = workdir / key
       shape_dir.mkdir()
-      measured = run_shape(shape, engines, trials, threads, shape_dir, sources, variants)
-      fractions = {e: shape.roofline(r, machine) for e, r in measured["results"].items()}
-      print_shape(shape, measured, fractions)
-      record["shapes"][key] = {
-        **measured,
-        "roofline": fractions,
-        "results": {e: dataclasses.asdict(r) for e, r in measured["results"].items()},
-        "skipped": skipped,
-      }
-      if measured["failures"]:
-        print(f"(worker logs kept in {shape_dir})")
+      record["shapes"][key] = {}
+      for dtype in dtypes:  # float32 against float32, bfloat16 against bfloat16
+        measured = run_shape(shape, engines, trials, threads, shape_dir, sources, variants, dtype)
+        fractions = {e: shape.roofline(r, machine, dtype) for e, r in measured["results"].items()}
+        print_shape(shape, measured, fractions)
+        record["shapes"][key][dtype] = {
+          **measured,
+          "roofline": fractions,
+          "results": {e: dataclasses.asdict(r) for e, r in measured["results"].items()},
+          "skipped": skipped,
+        }
+        if measured["failures"]:
+          failed = True
+          print(f"(worker logs kept in {shape_dir})")
   finally:
-    if not any(s["failures"] for s in record["shapes"].values()):
+    if not failed:
       shutil.rmtree(workdir, ignore_errors=True)
   record["load_after"] = harness.end_load()
   if _OUT.value:

@@ -1,9 +1,16 @@
-// A float32 matrix product for XLA:CPU against a weight packed in column blocks, registered with
-// XLA through its typed FFI (`lm/cpu_gemm.py` packs weights, builds, loads and calls it; the
-// prototype and the measurements behind these choices are in experiments/ffi_gemv/).
+// A matrix product for XLA:CPU against a weight packed in column blocks, registered with XLA
+// through its typed FFI (`lm/cpu_gemm.py` packs weights, builds, loads and calls it; the prototype
+// and the measurements behind these choices are in experiments/ffi_gemv/).
 //
 //   y[M, N] = x[M, K] @ W[K, N], W stored as blocks [ceil(N / B), K, B] (columns past N zero),
-//   B = kBlock, the build's block width (64 with AVX-512, 16 with AVX2).
+//   B = kBlock, the build's block width (64 with AVX-512, 16 with AVX2); x and y float32, W float32
+//   (`LmCpuGemmPackedF32`) or bfloat16 (`LmCpuGemmPackedBF16`).
+//
+// bfloat16 weights: a decode step streams half the bytes. Each weight is widened to float32 in
+// registers (a bfloat16 is the top half of a float32: a zero-extend and a shift) and multiplied
+// there, so x keeps float32 precision and the sums are float32, as XLA's bf16 dot accumulates;
+// every SIMD level has the instructions (AVX512_BF16's dot products would round x to bf16 and
+// save no bytes, and a decode step is bound by the bytes).
 //
 // Why: a decode step reads every weight once for a few rows of activations, so its speed is the
 // rate at which its products stream weights. XLA:CPU's dot reads a row-major [K, N] at 7-16 GB/s
@@ -62,16 +69,36 @@ constexpr int kMaxTileRows = 6;            // rows per register tile (6 x 4 zmm 
 constexpr int64_t kMaxChunkCols = 4096;    // most columns in one claimed work chunk
 
 // y[0:MT, 0:B] (+)= x[0:MT, 0:kn] @ w[0:kn, 0:B] (B = kBlock); x[m, k] at x[m * ldx + k * ldk]
-// (row-major x, or a packed k-major panel), w contiguous (row stride B), y row stride ldy;
-// `accum`: add to y's values (a later k-chunk).
-using MicroFn = void (*)(const float* x, int64_t ldx, int64_t ldk, const float* w, float* y,
+// (row-major x, or a packed k-major panel), w contiguous (row stride B) of float32 or bfloat16
+// (W = float or uint16_t, the bf16 bits), y row stride ldy; `accum`: add to y's values (a later
+// k-chunk).
+template <typename W>
+using MicroFn = void (*)(const float* x, int64_t ldx, int64_t ldk, const W* w, float* y,
                          int64_t ldy, int64_t kn, bool accum);
 
+// Scalar bf16 -> float32 (the bits as a float32's top half).
+inline float widen(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  __builtin_memcpy(&out, &wide, sizeof out);
+  return out;
+}
+inline float widen(float value) { return value; }
+
 #if defined(LM_GEMM_AVX512)
-template <int MT>
-void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __restrict w,
+// 16 weights at p as float32.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+template <int MT, typename W>
+void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const W* __restrict w,
            float* __restrict y, int64_t ldy, int64_t kn, bool accum) {
   // Fully unrolled loops over the tile and y added after the k loop (as in the AVX2 path below).
+  // (A narrow tile of 7-12 rows over half a block, so a decode step's 8 rows load each weight
+  // once, measured 1.3-1.5x slower than 4 + 4 rows over the whole block; not kept.)
   constexpr int NV = kBlock / 16;
   __m512 acc[MT][NV];
 #pragma GCC unroll 24
@@ -79,7 +106,7 @@ void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __r
   for (int64_t k = 0; k < kn; ++k, w += kBlock) {
     __m512 wv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + v * 16);
+    for (int v = 0; v < NV; ++v) wv[v] = load16(w + v * 16);
 #pragma GCC unroll 6
     for (int m = 0; m < MT; ++m) {
       const __m512 b = _mm512_set1_ps(x[m * ldx + k * ldk]);
@@ -94,8 +121,15 @@ void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __r
   }
 }
 #elif defined(LM_GEMM_AVX2)
-template <int MT>
-void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __restrict w,
+// 8 weights at p as float32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+template <int MT, typename W>
+void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const W* __restrict w,
            float* __restrict y, int64_t ldy, int64_t kn, bool accum) {
   // Fully unrolled loops over the tile and y added after the k loop: otherwise GCC keeps the
   // accumulators on the stack too, a store per FMA (a third of the rate, measured). y's lines are
@@ -108,7 +142,7 @@ void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __r
     _mm_prefetch(reinterpret_cast<const char*>(y + m * ldy), _MM_HINT_T0);
   }
   for (int64_t k = 0; k < kn; ++k, w += kBlock) {
-    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    const __m256 w0 = load8(w), w1 = load8(w + 8);
 #pragma GCC unroll 6
     for (int m = 0; m < MT; ++m) {
       const __m256 b = _mm256_broadcast_ss(x + m * ldx + k * ldk);
@@ -129,8 +163,8 @@ void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __r
 }
 #else
 // Without AVX-512 or AVX2: the same loop nest in plain C++, vectorised by the compiler.
-template <int MT>
-void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __restrict w,
+template <int MT, typename W>
+void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const W* __restrict w,
            float* __restrict y, int64_t ldy, int64_t kn, bool accum) {
   float acc[MT][kBlock];
   for (int m = 0; m < MT; ++m)
@@ -139,19 +173,21 @@ void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const float* __r
     for (int m = 0; m < MT; ++m) {
       const float b = x[m * ldx + k * ldk];
 #pragma omp simd
-      for (int j = 0; j < kBlock; ++j) acc[m][j] += b * w[j];
+      for (int j = 0; j < kBlock; ++j) acc[m][j] += b * widen(w[j]);
     }
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < kBlock; ++j) y[m * ldy + j] = acc[m][j];
 }
 #endif
 
-const MicroFn kMicro[kMaxTileRows + 1] = {nullptr,  micro<1>, micro<2>, micro<3>,
-                                          micro<4>, micro<5>, micro<6>};
+template <typename W>
+constexpr MicroFn<W> kMicro[kMaxTileRows + 1] = {nullptr,        micro<1, W>, micro<2, W>, micro<3, W>,
+                                                 micro<4, W>,    micro<5, W>, micro<6, W>};
 
+template <typename W>
 struct Problem {
   const float* x;  // [M, K]
-  const float* w;  // packed: [ceil(N / kBlock), K, kBlock], columns past N zero
+  const W* w;      // packed: [ceil(N / kBlock), K, kBlock], columns past N zero
   float* y;        // [M, N]
   int64_t m, k, n;
   int64_t tile_rows;  // rows per register tile (<= kMaxTileRows)
@@ -161,18 +197,19 @@ struct Problem {
 // `accum`: add to y (not the first k-chunk). A block narrower than kBlock (the last, columns past
 // N zero) computes into `partial` ([M, kBlock], the caller's), copied into y after its last chunk.
 // `panel`: x[:, k0:k1] packed by `pack_panel`, or null to read x itself.
-void block_rows(const Problem& p, int64_t c, int64_t k0, int64_t k1, bool accum, float* partial,
+template <typename W>
+void block_rows(const Problem<W>& p, int64_t c, int64_t k0, int64_t k1, bool accum, float* partial,
                 const float* panel) {
   const int64_t nc = std::min(kBlock, p.n - c);
-  const float* block = p.w + (c / kBlock) * p.k * kBlock + k0 * kBlock;  // [K, kBlock] from row k0
+  const W* block = p.w + (c / kBlock) * p.k * kBlock + k0 * kBlock;  // [K, kBlock] from row k0
   float* out = nc == kBlock ? p.y + c : partial;
   const int64_t ldy = nc == kBlock ? p.n : kBlock;
   for (int64_t m0 = 0; m0 < p.m; m0 += p.tile_rows) {
     const int64_t mt = std::min(p.tile_rows, p.m - m0);
     if (panel)
-      kMicro[mt](panel + m0 * (k1 - k0), 1, mt, block, out + m0 * ldy, ldy, k1 - k0, accum);
+      kMicro<W>[mt](panel + m0 * (k1 - k0), 1, mt, block, out + m0 * ldy, ldy, k1 - k0, accum);
     else
-      kMicro[mt](p.x + m0 * p.k + k0, p.k, 1, block, out + m0 * ldy, ldy, k1 - k0, accum);
+      kMicro<W>[mt](p.x + m0 * p.k + k0, p.k, 1, block, out + m0 * ldy, ldy, k1 - k0, accum);
   }
   if (nc < kBlock && k1 == p.k)
     for (int64_t m = 0; m < p.m; ++m) std::copy(partial + m * kBlock, partial + m * kBlock + nc, p.y + m * p.n + c);
@@ -180,7 +217,8 @@ void block_rows(const Problem& p, int64_t c, int64_t k0, int64_t k1, bool accum,
 
 // x[:, k0:k1] as consecutive row groups, each [k1 - k0, rows of the group] (k-major), so a tile's
 // broadcasts read one contiguous stream instead of one per row (rows K floats apart).
-void pack_panel(const Problem& p, int64_t k0, int64_t k1, float* panel) {
+template <typename W>
+void pack_panel(const Problem<W>& p, int64_t k0, int64_t k1, float* panel) {
   const int64_t kn = k1 - k0;
   for (int64_t m0 = 0; m0 < p.m; m0 += p.tile_rows) {
     const int64_t mt = std::min(p.tile_rows, p.m - m0);
@@ -195,7 +233,8 @@ void pack_panel(const Problem& p, int64_t k0, int64_t k1, float* panel) {
 // y[:, c0:c1] (c0 a multiple of kBlock). Rows within one tile (decode): each block over all of K
 // at once. More rows (prefill): K in chunks, per block (kChunkOuter false) or, with x's chunk
 // packed once for every block of the work chunk, per work chunk (kChunkOuter true).
-void columns(const Problem& p, int64_t c0, int64_t c1) {
+template <typename W>
+void columns(const Problem<W>& p, int64_t c0, int64_t c1) {
   const bool prefill = p.m > p.tile_rows;
   int64_t kc = prefill ? kChunkRows : p.k;
   if (kChunkOuter && prefill)  // x's packed chunk within kMaxPanelFloats, in steps of 64, >= 128
@@ -217,8 +256,9 @@ void columns(const Problem& p, int64_t c0, int64_t c1) {
 }
 
 // Work shared by the caller and the pool's tasks; owned jointly so a late task finds it alive.
+template <typename W>
 struct Shared {
-  Problem p;
+  Problem<W> p;
   int64_t chunk_cols, chunks;
   std::atomic<int64_t> next{0}, done{0};
   void work() {
@@ -231,7 +271,8 @@ struct Shared {
 };
 
 // Computes p (its tile rows set here) on the caller and, with threads, on XLA's intra-op pool.
-ffi::Error Run(Problem p, ffi::ThreadPool& pool, int64_t threads) {
+template <typename W>
+ffi::Error Run(Problem<W> p, ffi::ThreadPool& pool, int64_t threads) {
   if (p.m == 0 || p.n == 0) return ffi::Error::Success();
   if (p.k == 0) {
     std::fill(p.y, p.y + p.m * p.n, 0.f);
@@ -246,7 +287,7 @@ ffi::Error Run(Problem p, ffi::ThreadPool& pool, int64_t threads) {
   int64_t total = threads < 0 ? std::max<int64_t>(pool_threads, 1) : threads;
   total = std::min({total, pool_threads + 1, (p.n + 255) / 256});
   const int64_t helpers = total - 1;
-  auto shared = std::make_shared<Shared>();
+  auto shared = std::make_shared<Shared<W>>();
   shared->p = p;
   if (helpers <= 0) {
     shared->chunk_cols = p.n;
@@ -266,8 +307,9 @@ ffi::Error Run(Problem p, ffi::ThreadPool& pool, int64_t threads) {
   return ffi::Error::Success();
 }
 
-// x [M, K] @ packed w [ceil(N / B), K, B] (columns past N zero) -> y [M, N].
-ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+// x [M, K] @ packed w [ceil(N / B), K, B] (columns past N zero) -> y [M, N]; T the weight's type.
+template <ffi::DataType T>
+ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                           ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
   const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2 || xd[1] != wd[1] || wd[2] != kBlock ||
@@ -275,7 +317,7 @@ ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     return ffi::Error::InvalidArgument(
         "lm_cpu_gemm_packed: x must be [M, K], w [ceil(N / B), K, B] with B this build's block width "
         "(LmCpuGemmBlock), y [M, N]");
-  Problem p{};
+  Problem<ffi::NativeType<T>> p{};
   p.x = x.typed_data();
   p.w = w.typed_data();
   p.y = y->typed_data();
@@ -290,10 +332,18 @@ ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 // The packed layout's block width this build multiplies by (`lm/cpu_gemm.py` packs to it).
 extern "C" int64_t LmCpuGemmBlock() { return kBlock; }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedF32, PackedGemmImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedF32, PackedGemmImpl<ffi::F32>,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16, PackedGemmImpl<ffi::BF16>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads"));

@@ -1,5 +1,6 @@
-"""A float32 matrix product for XLA:CPU against weights packed in column blocks (`lm/cpu_gemm.cc`,
-through `jax.ffi`): what the sampler's CPU programs multiply by.
+"""A matrix product for XLA:CPU against weights packed in column blocks (`lm/cpu_gemm.cc`, through
+`jax.ffi`): what the sampler's CPU programs multiply by. Weights float32 or bfloat16 (half the
+bytes a decode step streams; widened to float32 in registers, sums in float32), rows float32.
 
 Why: a decode step reads every weight once for a few rows of activations, so its speed is the rate
 at which its products stream weights. XLA:CPU's dot reads a row-major [K, N] weight at 7-16 GB/s
@@ -40,6 +41,15 @@ Array = jax.Array
 _log = logging.getLogger(__name__)
 SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 TARGET = "lm_cpu_gemm_packed_f32"
+TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 weights
+_SYMBOLS = {TARGET: "LmCpuGemmPackedF32", TARGET_BF16: "LmCpuGemmPackedBF16"}
+DTYPES = (jnp.float32, jnp.bfloat16)  # the weight dtypes the kernel packs
+# Above this many rows a bfloat16 product runs XLA's dot on the packed blocks, not the kernel: XLA
+# gives it to oneDNN, whose bf16 instructions (AVX512_BF16, AMX) outrun the kernel's widened
+# float32 products there ([M, 1024] x [1024, 3072], 2-core AVX-512/AMX Xeon, GFLOP/s kernel vs
+# XLA on the blocks: M 8: 76 vs 33, 16: 107 vs 71, 24: 132 vs 87, 32: 121 vs 132, 64: 122 vs 206,
+# 128: 118 vs 296; docs/results/2026-12-04-bf16-cpu.md).
+KERNEL_MAX_ROWS_BF16 = 24
 DEFAULT_BLOCK = 64  # columns per block where no library is loaded (a packed weight is then unpacked)
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
 
@@ -110,29 +120,32 @@ def block() -> int:
 
 @functools.cache
 def _loaded_block() -> int | None:
-  """Registers this CPU's build as TARGET (once per process) and returns its block width; None
-  where there is none."""
+  """Registers this CPU's build as TARGET and TARGET_BF16 (once per process) and returns its block
+  width; None where there is none."""
   if platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux":
     return None  # built and tested on x86-64 Linux only
   path = library_path()
   if not path.exists():
     _log.info("lm.cpu_gemm: %s is not built (python -m lm.cpu_gemm); decode uses XLA's dot", path)
     return None
+  register(TARGET_BF16, path, "bfloat16")
   return register(TARGET, path)
 
 
-def register(target: str, path: str | os.PathLike) -> int:
-  """Loads the library at `path`, registers its handler with XLA:CPU as `target`, and returns the
-  block width its packed weights must have (`LmCpuGemmBlock`: 64 with AVX-512, 16 with AVX2)."""
+def register(target: str, path: str | os.PathLike, dtype: str = "float32") -> int:
+  """Loads the library at `path`, registers its handler for weights of `dtype` ("float32" or
+  "bfloat16") with XLA:CPU as `target`, and returns the block width its packed weights must have
+  (`LmCpuGemmBlock`: 64 with AVX-512, 16 with AVX2)."""
   library = ctypes.cdll.LoadLibrary(str(path))
-  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.LmCpuGemmPackedF32), platform="cpu")
+  symbol = _SYMBOLS[TARGET_BF16 if dtype == "bfloat16" else TARGET]
+  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
   library.LmCpuGemmBlock.restype = ctypes.c_int64
   return int(library.LmCpuGemmBlock())
 
 
 @struct.dataclass
 class PackedWeight:
-  """A [K, N] float32 weight stored as column blocks [ceil(N / B), K, B] (`pack`), columns past N
+  """A [K, N] float32 or bfloat16 weight stored as column blocks [ceil(N / B), K, B] (`pack`), columns past N
   zero: each block is one contiguous stream, which the kernel reads at the core's full read
   bandwidth (a row-major [K, N] is read as many strided streams instead). A pytree (`n` static),
   so it passes through `jax.jit` like the array it replaces."""
@@ -149,8 +162,10 @@ class PackedWeight:
     return self.blocks.dtype
 
   def astype(self, dtype) -> PackedWeight:
-    if dtype != self.blocks.dtype:
-      raise ValueError(f"a PackedWeight is float32 only; asked for {dtype}")
+    """Itself: a packed weight keeps its dtype (the kernel widens bf16 to float32 in registers, and
+    `matmul` gives the dtype `jnp.matmul` would); a cast to another dtype is refused, not copied."""
+    if jnp.dtype(dtype) not in (self.blocks.dtype, jnp.dtype(jnp.float32)):
+      raise ValueError(f"a {self.blocks.dtype} PackedWeight cannot be cast to {dtype}")
     return self
 
   def unpack(self) -> Array:
@@ -160,10 +175,11 @@ class PackedWeight:
 
 
 def pack(w: Array, block_width: int | None = None) -> PackedWeight:
-  """[K, N] float32 -> `PackedWeight` in blocks of `block_width` columns (default `block()`, what
-  this process's kernel reads); a copy, made once per parameter update, outside any step."""
-  if w.ndim != 2 or w.dtype != jnp.float32:
-    raise ValueError(f"pack: expected a float32 [K, N] weight, got {w.dtype} {w.shape}")
+  """[K, N] float32 or bfloat16 -> `PackedWeight` in blocks of `block_width` columns (default
+  `block()`, what this process's kernel reads), in w's dtype; a copy, made once per parameter
+  update, outside any step."""
+  if w.ndim != 2 or w.dtype not in DTYPES:
+    raise ValueError(f"pack: expected a float32 or bfloat16 [K, N] weight, got {w.dtype} {w.shape}")
   width = block_width or block()
   k, n = w.shape
   padded = jnp.pad(w, ((0, 0), (0, -n % width)))
@@ -173,28 +189,42 @@ def pack(w: Array, block_width: int | None = None) -> PackedWeight:
 def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_element_type: Any = None) -> Array:
   """x [..., K] @ w [K, N] -> [..., N]: the kernel when w is a `PackedWeight`, else `jnp.matmul`.
 
-  A drop-in for `jnp.matmul` (`lm.model.decoder_layer`'s `matmul`). `threads`: 1 computes on the
-  calling thread only; n > 1 also runs column chunks on XLA's intra-op pool, up to n threads in
-  all; < 0 as many as that pool has (`lm/cpu_gemm.cc`). Under `jax.jit` for another platform, or
-  in a process without the library, a packed weight is unpacked and multiplied by XLA's dot.
+  A drop-in for `jnp.matmul` (`lm.model.decoder_layer`'s `matmul`), dtype rules included: a
+  bfloat16 product (rows and weight) is bfloat16 unless `preferred_element_type` says float32, a
+  float32 weight needs float32 rows. The kernel itself reads float32 rows (bfloat16 rows are
+  widened first: exact) and sums in float32, like XLA's dot. `threads`: 1 computes on the calling
+  thread only; n > 1 also runs column chunks on XLA's intra-op pool, up to n threads in all; < 0 as
+  many as that pool has (`lm/cpu_gemm.cc`). Under `jax.jit` for another platform, or in a process
+  without the library, a packed weight is unpacked and multiplied by XLA's dot.
   """
   if not isinstance(w, PackedWeight):
     return jnp.matmul(x, w, preferred_element_type=preferred_element_type)
-  if x.dtype != jnp.float32:
-    raise ValueError(f"a PackedWeight multiplies float32 rows, got {x.dtype}")
+  if w.dtype == jnp.float32 and x.dtype != jnp.float32:
+    raise ValueError(f"a float32 PackedWeight multiplies float32 rows, got {x.dtype}")
+  out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(x.dtype, w.dtype))
   lead, k = x.shape[:-1], x.shape[-1]
   rows = x.reshape(-1, k)  # [M, K]
-  dot = lambda rows, blocks: jnp.matmul(rows, dataclasses.replace(w, blocks=blocks).unpack())
+
+  def dot(rows, blocks):
+    weight = dataclasses.replace(w, blocks=blocks).unpack()
+    return jnp.matmul(rows, weight, preferred_element_type=jnp.float32)
+
   if not available():
-    return dot(rows, w.blocks).reshape(*lead, w.n)
-  kernel = lambda rows, blocks: call(TARGET, rows, blocks, threads, w.n)
-  out = jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=dot)  # [M, N]
-  return out.reshape(*lead, w.n)
+    return dot(rows, w.blocks).astype(out_dtype).reshape(*lead, w.n)
+  if w.dtype == jnp.bfloat16 and rows.shape[0] > KERNEL_MAX_ROWS_BF16:
+    # XLA's dot on the blocks as they are ([M, K] x [NB, K, B] -> [M, NB, B]), summed in float32.
+    blocks = jnp.einsum("mk,nkb->mnb", rows, w.blocks, preferred_element_type=jnp.float32)
+    return blocks.reshape(rows.shape[0], -1)[:, : w.n].astype(out_dtype).reshape(*lead, w.n)
+  target = TARGET_BF16 if w.dtype == jnp.bfloat16 else TARGET
+  kernel = lambda rows, blocks: call(target, rows.astype(jnp.float32), blocks, threads, w.n)
+  out = jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=dot)  # [M, N] float32
+  return out.astype(out_dtype).reshape(*lead, w.n)
 
 
 def call(target: str, rows: Array, blocks: Array, threads: int, n: int) -> Array:
-  """The FFI call itself: rows [M, K] @ packed blocks [ceil(n / B), K, B] -> [M, n] float32, by
-  the handler registered as `target` (B its library's block width)."""
+  """The FFI call itself: float32 rows [M, K] @ packed blocks [ceil(n / B), K, B] (float32 or
+  bfloat16, as `target`'s handler takes) -> [M, n] float32, by the handler registered as `target`
+  (B its library's block width)."""
   out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
   return jax.ffi.ffi_call(target, out)(rows, blocks, threads=np.int64(threads))
 

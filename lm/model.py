@@ -12,6 +12,8 @@ float32, as the reference implementation does for the parts where precision matt
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -33,6 +35,49 @@ LayerWeights = list[dict[str, Array]]
 Matmul = Callable[[Array, Array], Array]
 
 _NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+_PLATFORM = contextvars.ContextVar("lm_model_platform", default="")
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+  """Traces inside this block are for `platform` ("cpu", "tpu", "cuda", ...), whatever this
+  process's backend is. A plan compiles accelerators' programs ahead of time on a CPU host
+  (`lm.plan.compile_program`); there `contract` must give the accelerator's program, not the
+  CPU's form."""
+  token = _PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _PLATFORM.reset(token)
+
+
+def contract(spec: str, a: Array, b: Array) -> Array:
+  """`jnp.einsum(spec, a, b)`; a bfloat16 product traced for XLA:CPU is asked for in float32 and
+  rounded once after, 5-6x faster.
+
+  Why: XLA:CPU widens both operands of a bf16 x bf16 -> bf16 dot to float32 (the whole weight,
+  every call) and runs a float32 dot (95-137 GFLOP/s at [256, 1024] x [1024, 3072] on a 2-core
+  AVX-512/AMX Xeon, 16-22 at 8 rows), but hands a bf16 x bf16 -> f32 dot to its library as it is,
+  which uses the CPU's bf16 instructions (563-910 and 70 GFLOP/s; docs/results/2026-12-04-bf16-cpu.md).
+  Not bit-identical: at [64, 1024] x [1024, 3072] 0.017% of outputs differ by one bf16 step (other
+  summation orders), and this form equals the correctly rounded product more often (99.992%
+  against 99.982% of outputs). Other platforms' programs are the plain einsum, unchanged: the
+  platform is this process's backend, or the one a plan lowers for (`lowering_for`).
+  """
+  cpu = (_PLATFORM.get() or jax.default_backend()) == "cpu"
+  if a.dtype != jnp.bfloat16 or b.dtype != jnp.bfloat16 or not cpu:
+    return jnp.einsum(spec, a, b)
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
+def matmul(x: Array, w: Array, preferred_element_type: Any = None) -> Array:
+  """x [..., K] @ w [K, N]: `jnp.matmul`, a bf16 product on XLA:CPU as in `contract`. The default
+  `Matmul` of the fused weights' products."""
+  if preferred_element_type is not None or x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
+    return jnp.matmul(x, w, preferred_element_type=preferred_element_type)
+  return contract("...k,kn->...n", x, w)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +207,7 @@ class Qwen(nnx.Module):
     cache_index: Array | int = 0,
     remat: bool | str = False,
     layer_weights: LayerWeights | None = None,
-    matmul: Matmul = jnp.matmul,
+    matmul: Matmul = matmul,
     prefix_mask: Array | None = None,
   ) -> tuple[Array, Cache | None]:
     """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read.
@@ -322,7 +367,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     weighted = probs[:, :, :, 0, :, None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)
     out = jnp.sum(weighted, axis=3).astype(v.dtype)[:, None]  # [B, 1, K, G, H]
   else:
-    out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
+    out = contract("bkgts,bksh->btkgh", probs, v)
   return out.reshape(b, t, n, h)
 
 
@@ -536,7 +581,7 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
   """
   a_axes, b_axes, out = _einsum_axes(spec)
   if set(a_axes) - set(out + b_axes) or set(b_axes) - set(out + a_axes):
-    return jnp.einsum(spec, a, b)
+    return contract(spec, a, b)
   return _einsum_vjp(spec, a, b)
 
 
@@ -549,18 +594,18 @@ def _einsum_axes(spec: str) -> tuple[str, str, str]:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _einsum_vjp(spec: str, a: Array, b: Array) -> Array:
-  return jnp.einsum(spec, a, b)
+  return contract(spec, a, b)
 
 
 def _einsum_fwd(spec: str, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
-  return jnp.einsum(spec, a, b), (a, b)
+  return contract(spec, a, b), (a, b)
 
 
 def _einsum_bwd(spec: str, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
   a, b = residuals
   a_axes, b_axes, out = _einsum_axes(spec)
-  da = jnp.einsum(f"{out},{b_axes}->{a_axes}", ct, b)
-  db = jnp.einsum(f"{a_axes},{out}->{b_axes}", a, ct)
+  da = contract(f"{out},{b_axes}->{a_axes}", ct, b)
+  db = contract(f"{a_axes},{out}->{b_axes}", a, ct)
   return da.astype(a.dtype), db.astype(b.dtype)
 
 
@@ -599,7 +644,7 @@ def decoder_layer(
   kv: dict[str, Array] | None,
   cache_index: Array | int,
   dtype: Any,
-  matmul: Matmul = jnp.matmul,
+  matmul: Matmul = matmul,
 ) -> tuple[Array, dict[str, Array] | None]:
   """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis).
 
@@ -764,7 +809,7 @@ def cached_decoder_stack(
   *,
   dtype: Any,
   constrain=lambda x: x,
-  matmul: Matmul = jnp.matmul,
+  matmul: Matmul = matmul,
   prefix_mask: Array | None = None,
 ) -> tuple[Array, Cache]:
   """All layers with a KV cache, unrolled: each layer reads its own weight and cache buffers.

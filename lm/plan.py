@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lm import memory
+from lm import model as model_lib
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 from lm.model import Qwen
@@ -344,7 +345,8 @@ def compile_program(
   """Lowers and compiles `fn(*args, **kwargs)` (abstract arguments) and reads its figures; `model`
   = (FLOPs, bytes) per device from `forward_flops`' counts, used where the compile gives none;
   `describe(compiled)` adds to `detail`."""
-  compiled = fn.lower(*args, **kwargs).compile()
+  with model_lib.lowering_for(target.platform):  # the target's products, not this CPU host's
+    compiled = fn.lower(*args, **kwargs).compile()
   return figures(name, compiled, target, model=model, resident=resident, detail=detail, describe=describe)
 
 

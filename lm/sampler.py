@@ -90,9 +90,11 @@ class SamplerConfig:
       twice this decode in one phase: at 128 new tokens (shape (a) of
       `benchmarks/sampler_bench.py`) three phases measured 1.01 [0.91–1.18]× one and compiled
       1.6× longer; at 1024, 1.15 [0.97–1.59]×.
-    cpu_gemm_threads: on CPU (no mesh, no LoRA adapter, float32), the weights are packed for
-      `lm.cpu_gemm`'s kernel (where it is built: `cpu_gemm.available()`), which then computes
-      every product of the prefill and the decode steps with this many threads: -1 as many as
+    cpu_gemm_threads: on CPU (no mesh, no LoRA adapter, float32 or bfloat16), the weights are
+      packed for `lm.cpu_gemm`'s kernel (where it is built: `cpu_gemm.available()`), which then
+      computes the products of the prefill and the decode steps with this many threads (bfloat16
+      products of more than `cpu_gemm.KERNEL_MAX_ROWS_BF16` rows, a prefill's, run XLA's dot on
+      the packed weight instead: oneDNN's bf16 instructions are faster there): -1 as many as
       XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
     share_prefix: the n > 1 samples of a prompt share its prompt's KV cache (held once per prompt,
       each sample holding only its generated slots) instead of n copies of it: None (default)
@@ -166,10 +168,11 @@ class Sampler:
     self._gemm_threads = 0
     if jax.default_backend() == "cpu" and self.mesh is None and self.model.lora is None:
       self._layer_weights = _fuse(self.model.layers.weights())
-      # Then packed for `lm.cpu_gemm`'s kernel (float32, where it is built): replacing the fused
-      # copies and the [D, V] head, so the weights are held twice, as without it.
-      float32 = self.model.dtype == jnp.float32 and self._head_dv.dtype == jnp.float32
-      if self.config.cpu_gemm_threads != 0 and float32 and cpu_gemm.available():
+      # Then packed for `lm.cpu_gemm`'s kernel (float32 or bfloat16, where it is built): replacing
+      # the fused copies and the [D, V] head, so the weights are held twice, as without it.
+      dtype = self.model.dtype
+      packable = dtype in cpu_gemm.DTYPES and self._head_dv.dtype == dtype
+      if self.config.cpu_gemm_threads != 0 and packable and cpu_gemm.available():
         self._layer_weights = _pack_layers(self._layer_weights)
         self._head_dv = _pack(self._head_dv)
         self._gemm_threads = self.config.cpu_gemm_threads
@@ -706,7 +709,7 @@ def _weights_of(graphdef, state, layer_weights):
 
 
 def _matmul(gemm_threads: int):
-  return functools.partial(cpu_gemm.matmul, threads=gemm_threads) if gemm_threads else jnp.matmul
+  return functools.partial(cpu_gemm.matmul, threads=gemm_threads) if gemm_threads else model_lib.matmul
 
 
 def _head(h: Array, head_dv: Array, matmul) -> Array:  # [B, D] -> float32 logits [B, V]

@@ -16,16 +16,16 @@ ROOT = pathlib.Path(__file__).parents[2]
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_quick_run_measures_ours_transformers_and_a_baseline_commit(tmp_path):
+def test_quick_run_measures_ours_transformers_and_a_baseline_commit_in_both_dtypes(tmp_path):
   # The README's commands at the quick shape: every engine in its own process, interleaved trials,
-  # `ours@HEAD` from `git archive` of the last commit.
+  # `ours@HEAD` from `git archive` of the last commit; float32 and bfloat16 blocks.
   out = tmp_path / "bench.json"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the tests' 8 fake devices
   # One thread an engine: the suite's other xdist worker holds the other core (tests/benchmarks/
   # rl_bench_test.py; this test 61 -> 29 s, one run each on a loaded 2-core machine).
   command = [
     sys.executable, "-m", "benchmarks.sampler_bench", "--quick", "--baseline=HEAD", "--threads=1",
-    f"--out={out}",
+    "--dtypes=float32,bfloat16", f"--out={out}",
   ]  # fmt: skip
   proc = subprocess.run(
     command,
@@ -37,8 +37,9 @@ def test_quick_run_measures_ours_transformers_and_a_baseline_commit(tmp_path):
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = json.loads(out.read_text())
-  quick = record["shapes"]["quick"]
-  assert quick["failures"] == {}
+  quick, half = record["shapes"]["quick"]["float32"], record["shapes"]["quick"]["bfloat16"]
+  assert quick["failures"] == {} and half["failures"] == {}
+  assert quick["dtype"] == "float32" and half["dtype"] == "bfloat16"
   results = quick["results"]
   assert set(results) == {"ours", "transformers", "ours@HEAD"}
   for name, r in results.items():
@@ -49,17 +50,33 @@ def test_quick_run_measures_ours_transformers_and_a_baseline_commit(tmp_path):
     # emit one token over and over (std-0.1 weights).
     assert r["agreement"] == 1.0, name
   assert results["ours"]["distinct_tokens"] > 4
+  assert set(half["results"]) == {"ours", "transformers", "ours@HEAD"}
+  # bfloat16 on both sides: the same code at HEAD agrees exactly; transformers' bf16 kernels round
+  # differently, so its agreement is a measured fraction.
+  assert half["results"]["ours@HEAD"]["agreement"] == 1.0
+  assert 0.0 <= half["results"]["transformers"]["agreement"] <= 1.0
   for line in ("ours ", "transformers ", "ours@HEAD "):
     assert any(row.startswith(line) for row in proc.stdout.splitlines()), (line, proc.stdout)
   assert "measured read bandwidth" in proc.stdout and "load average" in proc.stdout
   # Roofline fractions of every engine against the bounds this run measured.
   assert record["peak_gflop_s"] > 0 and record["bandwidth_gb_s"] > 0
+  assert set(record["peaks_gflop_s"]) == {"float32", "bfloat16"}
   for name, f in quick["roofline"].items():
     # decode tok/s of the quick shape's 32 steps can come out negative on a loaded machine (t1 > t_new)
     assert len(f["decode_of_bound"]) == 3 and all(math.isfinite(x) for x in f["decode_of_bound"]), name
     assert f["decode_bound_tok_s"] > 0, name
     assert len(f["t1_of_peak"]) == 3 and all(0 < x for x in f["t1_of_peak"]), name
   assert "roofline, ours: decode" in proc.stdout
+  # Each dtype's bound at its own bytes: a bf16 step reads half the bytes, so its bound is twice
+  # float32's; its t1 is measured against the bf16 peak.
+  for name in results:
+    f32, bf16 = quick["roofline"][name], half["roofline"][name]
+    assert bf16["decode_bound_tok_s"] == pytest.approx(2 * f32["decode_bound_tok_s"])
+    assert (f32["peak_gflop_s"], bf16["peak_gflop_s"]) == (
+      record["peaks_gflop_s"]["float32"],
+      record["peaks_gflop_s"]["bfloat16"],
+    )
+  assert "\ntiny, bfloat16:" in proc.stdout
 
 
 def test_an_engine_without_its_venv_is_skipped_with_a_line_saying_so():

@@ -25,13 +25,16 @@ SHAPES = [(64, 1024), (100, 7), (1000, 4149), (3, 130), (1, 33), (300, 9000), (3
 ROWS = [*range(1, 17), 64, 129]  # a decode step's rows, and a prefill's (several tiles, a ragged one)
 
 
-def _relative_error(rows: int, k: int, n: int, product, seed: int = 0, block_width=None) -> float:
-  """max |product(x, pack(w, block_width)) - x @ w (float64)| / max |x @ w|."""
+def _relative_error(
+  rows: int, k: int, n: int, product, seed: int = 0, block_width=None, dtype=jnp.float32
+) -> float:
+  """max |product(x, pack(w, block_width)) - x @ w (float64)| / max |x @ w|, w in `dtype` (the
+  float64 product of the same bfloat16 values for a bfloat16 w)."""
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((rows, k), np.float32)
-  w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-  want = x.astype(np.float64) @ w.astype(np.float64)
-  got = np.asarray(jax.jit(product)(x, cpu_gemm.pack(jnp.asarray(w), block_width)))
+  w = jnp.asarray((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)).astype(dtype)
+  want = x.astype(np.float64) @ np.asarray(w.astype(jnp.float32)).astype(np.float64)
+  got = np.asarray(jax.jit(product)(x, cpu_gemm.pack(w, block_width)))
   assert got.shape == want.shape and got.dtype == np.float32
   return float(np.abs(got - want).max() / np.abs(want).max())
 
@@ -49,17 +52,23 @@ def test_packing_round_trips():
   packed = cpu_gemm.pack(w, 16)
   assert packed.blocks.shape == (9, 37, 16) and np.array_equal(packed.unpack(), w)
   assert cpu_gemm.pack(w).blocks.shape[2] == cpu_gemm.block() in (16, 64)  # what the kernel reads
-  with pytest.raises(ValueError, match="float32"):
-    cpu_gemm.pack(w.astype(jnp.bfloat16))
+  half = cpu_gemm.pack(w.astype(jnp.bfloat16), 64)  # bfloat16 packs as it is: half the bytes
+  assert half.dtype == jnp.bfloat16 and np.array_equal(half.unpack(), w.astype(jnp.bfloat16))
+  with pytest.raises(ValueError, match="float32 or bfloat16"):
+    cpu_gemm.pack(w.astype(jnp.float16))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("threads", [1, 2, 3, -1])
-def test_every_row_count_and_ragged_shape_matches_float64(threads):
+def test_every_row_count_and_ragged_shape_matches_float64(threads, dtype):
+  # bfloat16 weights: widened exactly and summed in float32, so as close to the float64 product of
+  # the same bf16 values as float32 weights are to theirs. Rows up to KERNEL_MAX_ROWS_BF16 run
+  # the kernel, more (64, 129) XLA's dot on the blocks (`test_bf16_products_...` below).
   worst = 0.0
   for rows in ROWS:
     for k, n in SHAPES:
       product = lambda x, w: cpu_gemm.matmul(x, w, threads=threads)
-      worst = max(worst, _relative_error(rows, k, n, product, seed=rows))
+      worst = max(worst, _relative_error(rows, k, n, product, seed=rows, dtype=dtype))
   # float32 round-off over K <= 1000 terms (XLA's own dot is ~1e-6 on these; a wrong column,
   # row or k-chunk would be O(1)).
   assert worst < 1e-5, worst
@@ -82,12 +91,15 @@ def test_the_paths_without_avx512_match_float64(tmp_path, name, flags, width):
   """The AVX2 micro-kernel and the plain C++ one (machines without AVX-512), each built and
   registered on its own, with its own block width."""
   target = f"lm_cpu_gemm_packed_f32_{name}"
-  assert cpu_gemm.register(target, cpu_gemm.build(tmp_path, extra_flags=flags)) == width
+  library = cpu_gemm.build(tmp_path, extra_flags=flags)
+  assert cpu_gemm.register(target, library) == width
+  assert cpu_gemm.register(f"{target}_bf16", library, "bfloat16") == width
   for rows in (1, 4, 5, 8, 13, 16, 129):
     for k, n in SHAPES:
       for threads in (1, 2):
-        product = lambda x, w, t=threads: cpu_gemm.call(target, x, w.blocks, t, w.n)
-        assert _relative_error(rows, k, n, product, seed=rows, block_width=width) < 1e-5
+        for dtype, name in ((jnp.float32, target), (jnp.bfloat16, f"{target}_bf16")):
+          product = lambda x, w, t=threads, name=name: cpu_gemm.call(name, x, w.blocks, t, w.n)
+          assert _relative_error(rows, k, n, product, seed=rows, block_width=width, dtype=dtype) < 1e-5
   # a weight packed for the other width is refused, naming the block width, not multiplied wrongly
   wrong = cpu_gemm.pack(jnp.ones((8, 40)), 64 if width == 16 else 16)
   with pytest.raises(jax.errors.JaxRuntimeError, match="block width"):
@@ -110,6 +122,25 @@ def test_batched_rows_keep_their_shape_and_plain_weights_use_xla():
     cpu_gemm.matmul(bf16, cpu_gemm.pack(w))
 
 
+def test_bf16_products_keep_jnp_dtypes_and_choose_the_kernel_by_rows():
+  # A bf16 x packed-bf16 product is bf16 (float32 when asked), like jnp.matmul; up to
+  # KERNEL_MAX_ROWS_BF16 rows it is the kernel, above them XLA's dot on the blocks, and both equal
+  # the float32-summed product rounded once (the model's own `lm.model.matmul`) to a bf16 step.
+  w = jax.random.normal(jax.random.key(1), (96, 200)).astype(jnp.bfloat16)
+  packed = cpu_gemm.pack(w)
+  for rows, kernel in ((cpu_gemm.KERNEL_MAX_ROWS_BF16, True), (cpu_gemm.KERNEL_MAX_ROWS_BF16 + 1, False)):
+    x = jax.random.normal(jax.random.key(rows), (rows, 96)).astype(jnp.bfloat16)
+    lowered = jax.jit(cpu_gemm.matmul).lower(x, packed).as_text()
+    assert (cpu_gemm.TARGET_BF16 in lowered) == kernel, rows
+    got = jax.jit(cpu_gemm.matmul)(x, packed)
+    assert got.dtype == jnp.bfloat16
+    want = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=2**-7, atol=1e-6)
+    wide = cpu_gemm.matmul(x, packed, preferred_element_type=jnp.float32)
+    assert wide.dtype == jnp.float32
+    np.testing.assert_allclose(wide, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_failed_build_names_the_source_and_the_compiler_output(tmp_path, monkeypatch):
   monkeypatch.setenv("CXX", "g++")
   path = cpu_gemm.build(tmp_path)
@@ -123,20 +154,24 @@ def test_a_failed_build_names_the_source_and_the_compiler_output(tmp_path, monke
   assert not list((tmp_path / "other").glob("*")), "a failed build leaves nothing behind"
 
 
-def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel():
-  model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-4), (jnp.bfloat16, 0.05)])
+def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel(dtype, atol):
+  # bfloat16: the kernel and XLA's dot both sum in float32 and round once, in other orders, so a
+  # product may differ by one bf16 step: log-probs agree to a few hundredths, tokens exactly here.
+  model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0), param_dtype=dtype)
   prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [3]]
   outputs = {}
   for threads in (0, 1, 2):
     sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cpu_gemm_threads=threads))
     assert isinstance(sampler._head_dv, cpu_gemm.PackedWeight) == (threads != 0)
+    assert sampler._head_dv.dtype == dtype
     outputs[threads] = sampler.generate(prompts, max_new_tokens=12, n=2, temperature=0.0)
   for threads in (1, 2):
     assert outputs[threads].tokens == outputs[0].tokens
     np.testing.assert_allclose(
       np.concatenate([np.ravel(lp) for p in outputs[threads].logprobs for lp in p]),
       np.concatenate([np.ravel(lp) for p in outputs[0].logprobs for lp in p]),
-      atol=1e-4,
+      atol=atol,
     )
   with pytest.raises(ValueError, match="cpu_gemm_threads"):
     sampler_lib.SamplerConfig(cpu_gemm_threads=-2)
