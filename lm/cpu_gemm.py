@@ -152,6 +152,10 @@ class PackedWeight:
 
   blocks: Array  # [ceil(N / B), K, B], B = `block()` when packed
   n: int = struct.field(pytree_node=False)
+  # [K, N] row-major, or None: kept beside the blocks for bfloat16 (`pack(rows=True)`), which
+  # products of more than KERNEL_MAX_ROWS_BF16 rows (a prefill's) hand to XLA's dot as it is; the
+  # blocks would be unpacked every call (a copy of the weight) for that dot.
+  matrix: Array | None = None
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -174,16 +178,18 @@ class PackedWeight:
     return self.blocks.transpose(1, 0, 2).reshape(k, -1)[:, : self.n]
 
 
-def pack(w: Array, block_width: int | None = None) -> PackedWeight:
+def pack(w: Array, block_width: int | None = None, rows: bool = False) -> PackedWeight:
   """[K, N] float32 or bfloat16 -> `PackedWeight` in blocks of `block_width` columns (default
   `block()`, what this process's kernel reads), in w's dtype; a copy, made once per parameter
-  update, outside any step."""
+  update, outside any step. `rows`: a bfloat16 w is also kept as it is (`PackedWeight.matrix`),
+  for products of many rows (two bf16 copies: the bytes of one float32 copy)."""
   if w.ndim != 2 or w.dtype not in DTYPES:
     raise ValueError(f"pack: expected a float32 or bfloat16 [K, N] weight, got {w.dtype} {w.shape}")
   width = block_width or block()
   k, n = w.shape
   padded = jnp.pad(w, ((0, 0), (0, -n % width)))
-  return PackedWeight(blocks=padded.reshape(k, -1, width).transpose(1, 0, 2), n=n)
+  blocks = padded.reshape(k, -1, width).transpose(1, 0, 2)
+  return PackedWeight(blocks=blocks, n=n, matrix=w if rows and w.dtype == jnp.bfloat16 else None)
 
 
 def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_element_type: Any = None) -> Array:
@@ -212,9 +218,13 @@ def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_eleme
   if not available():
     return dot(rows, w.blocks).astype(out_dtype).reshape(*lead, w.n)
   if w.dtype == jnp.bfloat16 and rows.shape[0] > KERNEL_MAX_ROWS_BF16:
-    # XLA's dot on the blocks as they are ([M, K] x [NB, K, B] -> [M, NB, B]), summed in float32.
-    blocks = jnp.einsum("mk,nkb->mnb", rows, w.blocks, preferred_element_type=jnp.float32)
-    return blocks.reshape(rows.shape[0], -1)[:, : w.n].astype(out_dtype).reshape(*lead, w.n)
+    # XLA's dot, summed in float32: on the row-major copy where kept, else on the blocks as they
+    # are ([M, K] x [NB, K, B] -> [M, NB, B]; XLA unpacks them first).
+    if w.matrix is not None:
+      out = jnp.matmul(rows, w.matrix, preferred_element_type=jnp.float32)
+    else:
+      out = jnp.einsum("mk,nkb->mnb", rows, w.blocks, preferred_element_type=jnp.float32)
+    return out.reshape(rows.shape[0], -1)[:, : w.n].astype(out_dtype).reshape(*lead, w.n)
   target = TARGET_BF16 if w.dtype == jnp.bfloat16 else TARGET
   kernel = lambda rows, blocks: call(target, rows.astype(jnp.float32), blocks, threads, w.n)
   out = jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=dot)  # [M, N] float32

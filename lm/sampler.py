@@ -169,7 +169,8 @@ class Sampler:
     if jax.default_backend() == "cpu" and self.mesh is None and self.model.lora is None:
       self._layer_weights = _fuse(self.model.layers.weights())
       # Then packed for `lm.cpu_gemm`'s kernel (float32 or bfloat16, where it is built): replacing
-      # the fused copies and the [D, V] head, so the weights are held twice, as without it.
+      # the fused copies and the [D, V] head, so the weights are held twice, as without it (a
+      # bfloat16 layer weight keeps its fused copy too, for the prefill: the bytes of a float32 one).
       dtype = self.model.dtype
       packable = dtype in cpu_gemm.DTYPES and self._head_dv.dtype == dtype
       if self.config.cpu_gemm_threads != 0 and packable and cpu_gemm.available():
@@ -570,9 +571,12 @@ def sampling_split(
 _transpose = jax.jit(lambda w: w.T)
 _fuse = jax.jit(model_lib.fuse_projections)
 _pack = jax.jit(cpu_gemm.pack)
+# bfloat16 layer weights also keep their row-major copy, which a prefill's products read
+# (`cpu_gemm.pack(rows=True)`); a head product has a few rows only, the kernel's.
 _pack_layers = jax.jit(
   lambda layers: [
-    {k: cpu_gemm.pack(v) if k in model_lib.FUSED_PRODUCTS else v for k, v in w.items()} for w in layers
+    {k: cpu_gemm.pack(v, rows=True) if k in model_lib.FUSED_PRODUCTS else v for k, v in w.items()}
+    for w in layers
   ]
 )
 # XLA:CPU hands every dot to YNNPACK by default, which runs a decode step's skinny products
