@@ -157,14 +157,20 @@ def measure_bandwidth(num_bytes: int = 1 << 29) -> float:
   return num_bytes / min(times)
 
 
-def measure_peak_flops(n: int = 2048) -> float:
-  """Compute peak in FLOP/s as the roofline's bound: a jitted float32 [n, n] × [n, n] product
-  (XLA:CPU's own dot, every core), best of 5."""
+def measure_peak_flops(n: int = 2048, dtype: str = "float32") -> float:
+  """Compute peak in FLOP/s as the roofline's bound: a jitted [n, n] × [n, n] product of `dtype`
+  operands accumulated in float32 (XLA:CPU's own dot, every core), best of 5.
+
+  Per dtype because the kernels differ: a bfloat16 dot can run on AMX or avx512_bf16 units that a
+  float32 one never touches. Accumulated in float32 (`preferred_element_type`) because that is the
+  product a bfloat16 step wants and the one XLA:CPU runs fast: on the 2-core Xeon with AMX,
+  [2048, 2048] bfloat16 operands gave 673 GFLOP/s with a float32 result and 115 with a bfloat16
+  one (float32 operands: 115; one run each, 2026-12-04)."""
   import jax
   import jax.numpy as jnp
 
-  a = jnp.ones((n, n), jnp.float32)
-  product = jax.jit(jnp.matmul)
+  a = jnp.ones((n, n), jnp.dtype(dtype))
+  product = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
   product(a, a).block_until_ready()
   times = []
   for _ in range(5):
