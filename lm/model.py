@@ -310,7 +310,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     products = q[:, 0, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
     scores = jnp.sum(products, axis=-1)[:, :, :, None, :]  # [B, K, G, 1, S]
   else:
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = einsum("btkgh,bksh->bkgts", q, k, out_dtype=jnp.float32)
   scores = scores * (h**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -322,7 +322,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     weighted = probs[:, :, :, 0, :, None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)
     out = jnp.sum(weighted, axis=3).astype(v.dtype)[:, None]  # [B, 1, K, G, H]
   else:
-    out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
+    out = einsum("bkgts,bksh->btkgh", probs, v)
   return out.reshape(b, t, n, h)
 
 
@@ -520,8 +520,9 @@ def blockwise_attention(
   return out[:, :t]
 
 
-def einsum(spec: str, a: Array, b: Array) -> Array:
-  """`jnp.einsum(spec, a, b)` whose gradients are einsums written straight in each operand's axes.
+def einsum(spec: str, a: Array, b: Array, *, out_dtype: Any = None) -> Array:
+  """`jnp.einsum(spec, a, b)` accumulated in float32 and rounded to `out_dtype` (default: the
+  operands' dtype), whose gradients are einsums written straight in each operand's axes.
 
   Why not plain `jnp.einsum`: JAX differentiates a weight's product by contracting in the
   product's own order and transposing after, and XLA:CPU folds that transpose into the
@@ -532,12 +533,30 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
   `ct, b -> a` and `a, ct -> b`, lets XLA contract into the layout it wants (the step ran
   1.15× faster, the same loss and gradient); on TPU and GPU both forms are the same
   contractions. Needs every axis of each operand in the output or in the other operand (a
-  projection's, an attention product's); any other spec is plain `jnp.einsum`.
+  projection's, an attention product's); any other spec is a plain einsum (`_product`).
+
+  Every product, forward and backward, is `_product`: bfloat16 operands, a float32 result. The
+  backward's cotangent is cast to the operands' dtype first (a float32 `out_dtype`'s too: the
+  attention scores', the logits'), so a bfloat16 step's gradient products are bfloat16 products,
+  as under PyTorch's autocast. With float32 operands both casts do nothing.
   """
+  out_dtype = jnp.dtype(out_dtype or jnp.result_type(a, b))
   a_axes, b_axes, out = _einsum_axes(spec)
   if set(a_axes) - set(out + b_axes) or set(b_axes) - set(out + a_axes):
-    return jnp.einsum(spec, a, b)
-  return _einsum_vjp(spec, a, b)
+    return _product(spec, a, b, out_dtype)
+  return _einsum_vjp(spec, out_dtype, a, b)
+
+
+def _product(spec: str, a: Array, b: Array, out_dtype: Any) -> Array:
+  """`jnp.einsum` with a float32 result, cast to `out_dtype`.
+
+  Why: XLA:CPU rewrites a product with bfloat16 operands and a bfloat16 result into a float32
+  product of converted operands (its float32 speed, plus the converts), while one with a float32
+  result runs on the bfloat16 kernels (AMX, avx512_bf16): on the 2-core Xeon with AMX, a
+  [2048, 2048] product took 115 GFLOP/s the first way and 673 the second. The value is the same
+  either way (a float32 accumulation rounded once).
+  """
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
 def _einsum_axes(spec: str) -> tuple[str, str, str]:
@@ -547,21 +566,23 @@ def _einsum_axes(spec: str) -> tuple[str, str, str]:
   return a_axes, b_axes, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _einsum_vjp(spec: str, a: Array, b: Array) -> Array:
-  return jnp.einsum(spec, a, b)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _einsum_vjp(spec: str, out_dtype: Any, a: Array, b: Array) -> Array:
+  return _product(spec, a, b, out_dtype)
 
 
-def _einsum_fwd(spec: str, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
-  return jnp.einsum(spec, a, b), (a, b)
+def _einsum_fwd(spec: str, out_dtype: Any, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
+  return _product(spec, a, b, out_dtype), (a, b)
 
 
-def _einsum_bwd(spec: str, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
+def _einsum_bwd(spec: str, out_dtype: Any, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
+  del out_dtype
   a, b = residuals
   a_axes, b_axes, out = _einsum_axes(spec)
-  da = jnp.einsum(f"{out},{b_axes}->{a_axes}", ct, b)
-  db = jnp.einsum(f"{a_axes},{out}->{b_axes}", a, ct)
-  return da.astype(a.dtype), db.astype(b.dtype)
+  ct = ct.astype(jnp.result_type(a, b))
+  da = _product(f"{out},{b_axes}->{a_axes}", ct, b, a.dtype)
+  db = _product(f"{a_axes},{out}->{b_axes}", a, ct, b.dtype)
+  return da, db
 
 
 _einsum_vjp.defvjp(_einsum_fwd, _einsum_bwd)
