@@ -24,16 +24,18 @@ and the same inputs. A side's trial is one step:
 
 What "bfloat16" means, on both sides: float32 master weights, gradients and AdamW state; the matrix
 products on bfloat16 operands. JAX: `lm.load_hf(path, dtype="float32", compute_dtype="bfloat16")`
-— each weight cast to bfloat16 where a product reads it, products accumulated in float32 and
-rounded to bfloat16, and (`lm.model`'s dtype policy) the activations between products in bfloat16
-too, with RMSNorm statistics, RoPE angles, the attention softmax and the logits in float32; the
-sampler's KV cache in bfloat16. PyTorch: `torch.autocast("cpu", dtype=torch.bfloat16)` around
-every forward pass (the reference's, the policy's and `generate`'s), the backward outside it as
-autocast prescribes: linear layers and attention in bfloat16, the residual stream and RMSNorm in
-float32 (autocast casts only its listed ops' inputs), logits as bfloat16 products cast to float32
-for the log-softmax. So the two differ in where activations are rounded (JAX keeps the residual
-stream in bfloat16, autocast in float32; JAX's logits are float32 products) — both "bfloat16
-products, float32 master state", not the same bits.
+— each weight cast to bfloat16 where a product reads it; every product of the forward and the
+backward pass (`lm.model.einsum`) on bfloat16 operands, accumulated in float32 and rounded once
+(the gradient products' cotangents cast to bfloat16 first); and (`lm.model`'s dtype policy) the
+activations between products in bfloat16 too, with RMSNorm statistics, RoPE angles, the attention
+softmax and the logits in float32; the sampler's KV cache in bfloat16. PyTorch:
+`torch.autocast("cpu", dtype=torch.bfloat16)` around every forward pass (the reference's, the
+policy's and `generate`'s), the backward outside it as autocast prescribes: linear layers and
+attention in bfloat16, the residual stream and RMSNorm in float32 (autocast casts only its listed
+ops' inputs), logits as bfloat16 products cast to float32 for the log-softmax. So the two differ
+in where activations are rounded (JAX keeps the residual stream in bfloat16, autocast in float32;
+JAX's logits are float32 products) — both "bfloat16 products, float32 master state", not the same
+bits.
 
 Agreement, checked before any trial is timed, JAX against each PyTorch side of the same dtype:
 greedy tokens over the first 16 steps (reported; in bfloat16 an early near-tie can flip a token
