@@ -1,6 +1,12 @@
 """The two sides of `benchmarks.rl_bench`, each a worker process of `benchmarks.engines.serve`.
 
-  python -m benchmarks.rl_workers jax|torch|torch_window DIR
+  python -m benchmarks.rl_workers jax|torch|torch_window DIR [float32|bfloat16]
+
+The last argument is the step's dtype (float32 unless given): "bfloat16" keeps float32 master
+weights, gradients and AdamW state on both sides and runs the products on bfloat16 operands (JAX:
+`lm.load_hf(..., dtype="float32", compute_dtype="bfloat16")`, whose sampler then also keeps its
+KV cache in bfloat16; PyTorch: `torch.autocast("cpu", dtype=torch.bfloat16)` around every
+forward pass, the rollout's `generate` included).
 
 DIR holds a transformers `save_pretrained` float32 Qwen3 checkpoint, `batch.npz` (the packed pairs
 of `train_step_bench.make_batch`) and `rollout.json` (prompts, samples per prompt, new tokens,
@@ -40,7 +46,7 @@ class JaxSide:
   (`Sampler.refresh`, as `dpa_grpo.train` does, counted in the train step: `step.apply` donates
   the buffers the sampler viewed)."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, dtype: str = "float32"):
     import jax
 
     from benchmarks.train_step_bench import JaxStep
@@ -49,7 +55,7 @@ class JaxSide:
 
     self.version = f"jax {jax.__version__}"
     self.settings, batch = _settings(path)
-    self.trainer = JaxStep(path, batch, self.settings["chunks"])
+    self.trainer = JaxStep(path, batch, self.settings["chunks"], compute_dtype=dtype)
     self.sampler = sampler_lib.Sampler(self.trainer.policy(), config=config_lib.ExperimentConfig().sampler)
     self.calls = 0
 
@@ -80,9 +86,10 @@ class JaxSide:
 class TorchSide:
   """PyTorch: transformers `generate` (sampling, the same temperature and top-p, `n` return
   sequences a prompt) for the rollout, `train_step_bench.TorchStep` for the update (`window`: its
-  logits only at the batch's completion window, as the JAX side scores)."""
+  logits only at the batch's completion window, as the JAX side scores; `dtype` "bfloat16":
+  both under `torch.autocast`)."""
 
-  def __init__(self, path: str, window: bool = False):
+  def __init__(self, path: str, window: bool = False, dtype: str = "float32"):
     import torch
     import transformers
 
@@ -93,13 +100,15 @@ class TorchSide:
     self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
     self.settings, batch = _settings(path)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    self.trainer = TorchStep(model, batch, window=window)
+    self.autocast = {"float32": None, "bfloat16": torch.bfloat16}[dtype]
+    self.trainer = TorchStep(model, batch, window=window, autocast=self.autocast)
     self.model = model
     self.ids = torch.tensor(self.settings["prompts"])  # equal lengths: no padding
     self.calls = 0
 
   def _generate(self, new: int, **sampling):
-    with self.torch.no_grad():
+    autocast = self.torch.autocast("cpu", dtype=self.autocast, enabled=self.autocast is not None)
+    with self.torch.no_grad(), autocast:
       out = self.model.generate(
         self.ids,
         attention_mask=self.torch.ones_like(self.ids),
@@ -137,4 +146,5 @@ SIDES = {"jax": JaxSide, "torch": TorchSide, "torch_window": functools.partial(T
 
 
 if __name__ == "__main__":
-  engines.serve(SIDES, sys.argv[1], sys.argv[2])
+  dtype = sys.argv[3] if len(sys.argv) > 3 else "float32"
+  engines.serve({k: functools.partial(v, dtype=dtype) for k, v in SIDES.items()}, sys.argv[1], sys.argv[2])

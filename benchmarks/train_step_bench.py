@@ -17,6 +17,7 @@ beside the loop the trainer used before (per-chunk grads, a separate add, host r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import tempfile
@@ -80,10 +81,14 @@ class JaxStep:
   """The trainer's train step (`dpa_grpo.step`), full fine-tuning of a checkpoint in the trainer's
   layout: the batch in `chunks` equal gradient-accumulation chunks, each `step.accumulate`d into a
   donated on-device gradient sum, then `step.apply` (AdamW; parameters and optimiser state
-  donated), the step's metrics fetched once, as `dpa_grpo.train` runs it."""
+  donated), the step's metrics fetched once, as `dpa_grpo.train` runs it.
 
-  def __init__(self, path: str, batch: dict[str, np.ndarray], chunks: int):
-    model = hf.load_hf(path, dtype="float32")
+  `compute_dtype` is the products' dtype (`lm.load_hf`'s): "bfloat16" keeps float32 parameters,
+  gradients and AdamW state and runs every matrix product on bfloat16 operands, the counterpart of
+  PyTorch's autocast (`TorchStep`'s `autocast`)."""
+
+  def __init__(self, path: str, batch: dict[str, np.ndarray], chunks: int, compute_dtype: str = "float32"):
+    model = hf.load_hf(path, dtype="float32", compute_dtype=compute_dtype)
     graphdef, params = nnx.split(model)
     self.policies = Policies(graphdef, None)
     self.trainable = {"backbone": params}
@@ -191,11 +196,19 @@ class TorchStep:
   advantages, pair weights 1/2, k1 with β, the mean over pairs; backward; torch AdamW, the same
   learning rate and no weight decay. One step over the whole batch (the JAX side's chunks sum to the
   same gradient). With `window`, logits only at the batch's completion window (its last K
-  positions, `completion_positions`; transformers' `logits_to_keep`), as the JAX side scores."""
+  positions, `completion_positions`; transformers' `logits_to_keep`), as the JAX side scores.
+  With `autocast` (a torch dtype, e.g. torch.bfloat16) both models' forward passes run under
+  `torch.autocast("cpu", dtype=autocast)`: float32 master weights, gradients and AdamW state,
+  products in that dtype; the log-softmax reads the logits cast back to float32."""
 
   def __init__(
-    self, policy: transformers.Qwen3ForCausalLM, batch: dict[str, np.ndarray], window: bool = False
+    self,
+    policy: transformers.Qwen3ForCausalLM,
+    batch: dict[str, np.ndarray],
+    window: bool = False,
+    autocast: torch.dtype | None = None,
   ):
+    self.autocast = autocast
     self.keep = batch["completion_positions"].shape[1] if window else 0  # 0: every position
     self.reference = copy.deepcopy(policy).eval()
     self.policy = policy.train()
@@ -208,9 +221,10 @@ class TorchStep:
 
   def _pair_logp(self, model):
     keep = self.keep + 1 if self.keep else 0  # the positions before the last K predict them
-    out = model(
-      input_ids=self.tokens, attention_mask=self.attention, position_ids=self.positions, logits_to_keep=keep
-    )
+    with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
+      out = model(
+        input_ids=self.tokens, attention_mask=self.attention, position_ids=self.positions, logits_to_keep=keep
+      )
     scored = out.logits.shape[1] - 1
     targets, completion = self.tokens[:, -scored:], self.completion[:, -scored:]
     logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, targets[..., None])[..., 0]

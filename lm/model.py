@@ -53,9 +53,16 @@ def lowering_for(platform: str):
     _PLATFORM.reset(token)
 
 
-def contract(spec: str, a: Array, b: Array) -> Array:
-  """`jnp.einsum(spec, a, b)`; a bfloat16 product traced for XLA:CPU is asked for in float32 and
-  rounded once after, 5-6x faster.
+def _cpu_bf16(a: Array, b: Array) -> bool:
+  """Whether a product of a and b is a bfloat16 one traced for XLA:CPU (`contract`)."""
+  cpu = (_PLATFORM.get() or jax.default_backend()) == "cpu"
+  return cpu and a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
+
+
+def contract(spec: str, a: Array, b: Array, out_dtype: Any = None) -> Array:
+  """`jnp.einsum(spec, a, b, preferred_element_type=out_dtype)`; a bfloat16 product traced for
+  XLA:CPU is asked for in float32 and rounded once after to `out_dtype` (default bfloat16),
+  5-6x faster.
 
   Why: XLA:CPU widens both operands of a bf16 x bf16 -> bf16 dot to float32 (the whole weight,
   every call) and runs a float32 dot (95-137 GFLOP/s at [256, 1024] x [1024, 3072] on a 2-core
@@ -66,10 +73,10 @@ def contract(spec: str, a: Array, b: Array) -> Array:
   against 99.982% of outputs). Other platforms' programs are the plain einsum, unchanged: the
   platform is this process's backend, or the one a plan lowers for (`lowering_for`).
   """
-  cpu = (_PLATFORM.get() or jax.default_backend()) == "cpu"
-  if a.dtype != jnp.bfloat16 or b.dtype != jnp.bfloat16 or not cpu:
-    return jnp.einsum(spec, a, b)
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+  if not _cpu_bf16(a, b):
+    return jnp.einsum(spec, a, b, preferred_element_type=out_dtype)
+  wide = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+  return wide.astype(out_dtype or jnp.bfloat16)
 
 
 def matmul(x: Array, w: Array, preferred_element_type: Any = None) -> Array:
@@ -347,6 +354,9 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
   b, t, n, h = q.shape
   kv_heads = k.shape[1]
   q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
+  # bf16 on XLA:CPU: the products and their gradients as `einsum`'s (bf16 gradient products);
+  # elsewhere plain einsums and their autodiff, the programs as they were.
+  product = einsum if _cpu_bf16(q, k) else contract
   if t == 1:
     # A decode step's scores as a multiply-reduce too (see the weighted sum below): XLA:CPU runs
     # this batched [G, H] x [H, S] product as a generic dot, ~0.35 ms a layer at Qwen3-0.6B's
@@ -355,7 +365,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     products = q[:, 0, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
     scores = jnp.sum(products, axis=-1)[:, :, :, None, :]  # [B, K, G, 1, S]
   else:
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = product("btkgh,bksh->bkgts", q, k, out_dtype=jnp.float32)
   scores = scores * (h**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -367,7 +377,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     weighted = probs[:, :, :, 0, :, None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)
     out = jnp.sum(weighted, axis=3).astype(v.dtype)[:, None]  # [B, 1, K, G, H]
   else:
-    out = contract("bkgts,bksh->btkgh", probs, v)
+    out = product("bkgts,bksh->btkgh", probs, v)
   return out.reshape(b, t, n, h)
 
 
@@ -565,8 +575,9 @@ def blockwise_attention(
   return out[:, :t]
 
 
-def einsum(spec: str, a: Array, b: Array) -> Array:
-  """`jnp.einsum(spec, a, b)` whose gradients are einsums written straight in each operand's axes.
+def einsum(spec: str, a: Array, b: Array, *, out_dtype: Any = None) -> Array:
+  """`jnp.einsum(spec, a, b, preferred_element_type=out_dtype)` whose gradients are einsums
+  written straight in each operand's axes.
 
   Why not plain `jnp.einsum`: JAX differentiates a weight's product by contracting in the
   product's own order and transposing after, and XLA:CPU folds that transpose into the
@@ -577,12 +588,20 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
   `ct, b -> a` and `a, ct -> b`, lets XLA contract into the layout it wants (the step ran
   1.15× faster, the same loss and gradient); on TPU and GPU both forms are the same
   contractions. Needs every axis of each operand in the output or in the other operand (a
-  projection's, an attention product's); any other spec is plain `jnp.einsum`.
+  projection's, an attention product's); any other spec is a plain product (`contract`).
+
+  bfloat16 operands traced for XLA:CPU (`contract`): every product, forward and backward, sums in
+  float32 and rounds once, and the backward's cotangent is cast to bfloat16 first (a float32
+  `out_dtype`'s too: the attention scores'), so a bf16 step's gradient products are bf16
+  products, as under PyTorch's CPU autocast (the rl_bench train step 1.83x [1.60-2.88] faster in
+  bf16). Everywhere else (float32, GPU, TPU) the programs are as they were: a float32
+  `out_dtype` is plain `jnp.einsum` and its autodiff.
   """
   a_axes, b_axes, out = _einsum_axes(spec)
-  if set(a_axes) - set(out + b_axes) or set(b_axes) - set(out + a_axes):
-    return contract(spec, a, b)
-  return _einsum_vjp(spec, a, b)
+  straight = not (set(a_axes) - set(out + b_axes) or set(b_axes) - set(out + a_axes))
+  if not straight or (out_dtype is not None and not _cpu_bf16(a, b)):
+    return contract(spec, a, b, out_dtype)
+  return _einsum_vjp(spec, out_dtype, a, b)
 
 
 def _einsum_axes(spec: str) -> tuple[str, str, str]:
@@ -592,20 +611,24 @@ def _einsum_axes(spec: str) -> tuple[str, str, str]:
   return a_axes, b_axes, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _einsum_vjp(spec: str, a: Array, b: Array) -> Array:
-  return contract(spec, a, b)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _einsum_vjp(spec: str, out_dtype: Any, a: Array, b: Array) -> Array:
+  return contract(spec, a, b, out_dtype)
 
 
-def _einsum_fwd(spec: str, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
-  return contract(spec, a, b), (a, b)
+def _einsum_fwd(spec: str, out_dtype: Any, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
+  return contract(spec, a, b, out_dtype), (a, b)
 
 
-def _einsum_bwd(spec: str, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
+def _einsum_bwd(spec: str, out_dtype: Any, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
+  del out_dtype
   a, b = residuals
   a_axes, b_axes, out = _einsum_axes(spec)
-  da = contract(f"{out},{b_axes}->{a_axes}", ct, b)
-  db = contract(f"{a_axes},{out}->{b_axes}", a, ct)
+  if _cpu_bf16(a, b):  # bf16 gradient products, as autocast's (see `einsum`)
+    ct = ct.astype(jnp.bfloat16)
+    return contract(f"{out},{b_axes}->{a_axes}", ct, b), contract(f"{a_axes},{out}->{b_axes}", a, ct)
+  da = jnp.einsum(f"{out},{b_axes}->{a_axes}", ct, b)
+  db = jnp.einsum(f"{a_axes},{out}->{b_axes}", a, ct)
   return da.astype(a.dtype), db.astype(b.dtype)
 
 

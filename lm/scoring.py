@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lm import model as model_lib
 from lm.model import Qwen
 from lm.shapes import pow2_bucket, round_up
 
@@ -43,8 +44,8 @@ def chunked_token_logprobs(hidden: Array, weight_vd: Array, targets: Array, chun
   def body(carry, xs):
     running_max, running_sum, target_logit = carry
     w, start = xs
-    logits = jnp.einsum(
-      "btd,vd->btv", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32
+    logits = model_lib.einsum(
+      "btd,vd->btv", hidden, w.astype(hidden.dtype), out_dtype=jnp.float32
     )  # [B, T, chunk]
     ids = start + jnp.arange(chunk)
     logits = jnp.where(ids < vocab, logits, -jnp.inf)

@@ -1,0 +1,85 @@
+"""bfloat16 products on XLA:CPU (`lm.model.contract`, `einsum`): summed in float32 and rounded once
+there, 5-6x XLA:CPU's own bf16 dot; every other platform's program the plain einsum, including a
+plan's accelerator program lowered on this CPU host (`lowering_for`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lm import model as model_lib
+from lm import plan as plan_lib
+
+
+def _dots(fn, *args) -> list:
+  """The preferred element types of every dot_general in fn's jaxpr (custom VJPs' bodies too)."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        found.append(eqn.params["preferred_element_type"])
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+          if hasattr(sub, "jaxpr"):
+            walk(sub.jaxpr if hasattr(sub.jaxpr, "eqns") else sub.jaxpr.jaxpr)
+          elif hasattr(sub, "eqns"):
+            walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+def _operands():
+  x = jax.random.normal(jax.random.key(0), (64, 256)).astype(jnp.bfloat16)
+  w = (jax.random.normal(jax.random.key(1), (256, 96)) / 16).astype(jnp.bfloat16)
+  return x, w
+
+
+def test_a_bf16_product_on_cpu_sums_in_float32_and_rounds_once():
+  x, w = _operands()
+  got = model_lib.contract("mk,kn->mn", x, w)
+  assert got.dtype == jnp.bfloat16
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  # rounded once from a float32 sum: within half a bf16 step (2^-9 relative) of the exact product,
+  # plus float32 summation error
+  np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2**-8, atol=1e-5)
+  assert _dots(lambda x, w: model_lib.contract("mk,kn->mn", x, w), x, w) == [jnp.float32]
+  assert _dots(model_lib.matmul, x, w) == [jnp.float32]
+  # bf16 traced for another platform: the plain product (its result type, bf16)
+  with model_lib.lowering_for("tpu"):
+    assert _dots(lambda x, w: model_lib.contract("mk,kn->mn", x, w), x, w) == [jnp.bfloat16]
+
+
+def test_gradients_on_cpu_are_bf16_products_and_other_platforms_keep_the_plain_einsum():
+  x, w = _operands()
+  loss = lambda x, w: model_lib.einsum("mk,kn->mn", x, w).astype(jnp.float32).sum()
+  grad = jax.grad(loss, argnums=(0, 1))
+  # forward and both gradient products summed in float32, the cotangent cast to bf16 first
+  assert _dots(grad, x, w) == [jnp.float32] * 3
+  gx, gw = grad(x, w)
+  assert gx.dtype == gw.dtype == jnp.bfloat16
+  np.testing.assert_allclose(
+    np.asarray(gw, np.float32), np.asarray(x, np.float32).T @ np.ones((64, 96)), rtol=2**-7
+  )
+  for platform in ("tpu", "cuda"):
+    with model_lib.lowering_for(platform):
+      assert _dots(grad, x, w) == [jnp.bfloat16] * 3, platform  # plain bf16 products, as before
+      assert _dots(model_lib.matmul, x, w) == [jnp.bfloat16], platform
+      scores = lambda q, k: model_lib.einsum("mk,nk->mn", q, k, out_dtype=jnp.float32)
+      assert _dots(scores, x, x) == [jnp.float32], platform  # plain jnp.einsum(preferred f32)
+
+
+def test_a_plan_compiles_for_its_target_platform(monkeypatch):
+  seen = []
+
+  class Fn:
+    def lower(self, *args, **kwargs):
+      seen.append(model_lib._PLATFORM.get())
+      raise RuntimeError("stop")  # the platform seen while lowering is all this test needs
+
+  target = plan_lib.TARGETS["v5p-8"]
+  try:
+    plan_lib.compile_program("p", Fn(), (), {}, target, model=(0.0, 0.0))
+  except RuntimeError:
+    pass
+  assert seen == ["tpu"] and model_lib._PLATFORM.get() == ""
