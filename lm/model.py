@@ -45,7 +45,8 @@ def lowering_for(platform: str):
   """Traces inside this block are for `platform` ("cpu", "tpu", "cuda", ...), whatever this
   process's backend is. A plan compiles accelerators' programs ahead of time on a CPU host
   (`lm.plan.compile_program`); there `contract` must give the accelerator's program, not the
-  CPU's form."""
+  CPU's form. JAX reuses a function's trace for the same arguments whatever this block says; a
+  plan's arguments carry the target's shardings, so its traces are its own."""
   token = _PLATFORM.set(platform)
   try:
     yield
@@ -73,7 +74,11 @@ def contract(spec: str, a: Array, b: Array, out_dtype: Any = None) -> Array:
   against 99.982% of outputs). Other platforms' programs are the plain einsum, unchanged: the
   platform is this process's backend, or the one a plan lowers for (`lowering_for`).
   """
-  if not _cpu_bf16(a, b):
+  return _contract(spec, a, b, out_dtype, _cpu_bf16(a, b))
+
+
+def _contract(spec: str, a: Array, b: Array, out_dtype: Any, cpu_bf16: bool) -> Array:
+  if not cpu_bf16:
     return jnp.einsum(spec, a, b, preferred_element_type=out_dtype)
   wide = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
   return wide.astype(out_dtype or jnp.bfloat16)
@@ -601,7 +606,9 @@ def einsum(spec: str, a: Array, b: Array, *, out_dtype: Any = None) -> Array:
   straight = not (set(a_axes) - set(out + b_axes) or set(b_axes) - set(out + a_axes))
   if not straight or (out_dtype is not None and not _cpu_bf16(a, b)):
     return contract(spec, a, b, out_dtype)
-  return _einsum_vjp(spec, out_dtype, a, b)
+  # Whether this is XLA:CPU's bf16 form is a static argument: JAX caches a custom VJP's traces by
+  # their arguments, and a plan traces one function for this CPU and for an accelerator.
+  return _einsum_vjp(spec, out_dtype, _cpu_bf16(a, b), a, b)
 
 
 def _einsum_axes(spec: str) -> tuple[str, str, str]:
@@ -611,22 +618,27 @@ def _einsum_axes(spec: str) -> tuple[str, str, str]:
   return a_axes, b_axes, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _einsum_vjp(spec: str, out_dtype: Any, a: Array, b: Array) -> Array:
-  return contract(spec, a, b, out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _einsum_vjp(spec: str, out_dtype: Any, cpu_bf16: bool, a: Array, b: Array) -> Array:
+  return _contract(spec, a, b, out_dtype, cpu_bf16)
 
 
-def _einsum_fwd(spec: str, out_dtype: Any, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
-  return contract(spec, a, b, out_dtype), (a, b)
+def _einsum_fwd(
+  spec: str, out_dtype: Any, cpu_bf16: bool, a: Array, b: Array
+) -> tuple[Array, tuple[Array, Array]]:
+  return _contract(spec, a, b, out_dtype, cpu_bf16), (a, b)
 
 
-def _einsum_bwd(spec: str, out_dtype: Any, residuals: tuple[Array, Array], ct: Array) -> tuple[Array, Array]:
+def _einsum_bwd(
+  spec: str, out_dtype: Any, cpu_bf16: bool, residuals: tuple[Array, Array], ct: Array
+) -> tuple[Array, Array]:
   del out_dtype
   a, b = residuals
   a_axes, b_axes, out = _einsum_axes(spec)
-  if _cpu_bf16(a, b):  # bf16 gradient products, as autocast's (see `einsum`)
+  if cpu_bf16:  # bf16 gradient products, as autocast's (see `einsum`)
     ct = ct.astype(jnp.bfloat16)
-    return contract(f"{out},{b_axes}->{a_axes}", ct, b), contract(f"{a_axes},{out}->{b_axes}", a, ct)
+    da = _contract(f"{out},{b_axes}->{a_axes}", ct, b, None, True)
+    return da, _contract(f"{a_axes},{out}->{b_axes}", a, ct, None, True)
   da = jnp.einsum(f"{out},{b_axes}->{a_axes}", ct, b)
   db = jnp.einsum(f"{a_axes},{out}->{b_axes}", a, ct)
   return da.astype(a.dtype), db.astype(b.dtype)

@@ -52,8 +52,12 @@ def test_a_bf16_product_on_cpu_sums_in_float32_and_rounds_once():
 
 def test_gradients_on_cpu_are_bf16_products_and_other_platforms_keep_the_plain_einsum():
   x, w = _operands()
-  loss = lambda x, w: model_lib.einsum("mk,kn->mn", x, w).astype(jnp.float32).sum()
-  grad = jax.grad(loss, argnums=(0, 1))
+
+  def gradient():  # a new function each time: JAX caches a function's trace by its arguments
+    loss = lambda x, w: model_lib.einsum("mk,kn->mn", x, w).astype(jnp.float32).sum()
+    return jax.grad(loss, argnums=(0, 1))
+
+  grad = gradient()
   # forward and both gradient products summed in float32, the cotangent cast to bf16 first
   assert _dots(grad, x, w) == [jnp.float32] * 3
   gx, gw = grad(x, w)
@@ -63,8 +67,8 @@ def test_gradients_on_cpu_are_bf16_products_and_other_platforms_keep_the_plain_e
   )
   for platform in ("tpu", "cuda"):
     with model_lib.lowering_for(platform):
-      assert _dots(grad, x, w) == [jnp.bfloat16] * 3, platform  # plain bf16 products, as before
-      assert _dots(model_lib.matmul, x, w) == [jnp.bfloat16], platform
+      assert _dots(gradient(), x, w) == [jnp.bfloat16] * 3, platform  # plain bf16 products, as before
+      assert _dots(lambda x, w: model_lib.matmul(x, w), x, w) == [jnp.bfloat16], platform
       scores = lambda q, k: model_lib.einsum("mk,nk->mn", q, k, out_dtype=jnp.float32)
       assert _dots(scores, x, x) == [jnp.float32], platform  # plain jnp.einsum(preferred f32)
 
