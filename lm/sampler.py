@@ -171,11 +171,13 @@ class Sampler:
       # Then packed for `lm.cpu_gemm`'s kernel (float32 or bfloat16, where it is built): replacing
       # the fused copies and the [D, V] head, so the weights are held twice, as without it (a
       # bfloat16 layer weight keeps its fused copy too, for the prefill: the bytes of a float32 one).
+      # Weights stored wider than the products' dtype (float32 master weights, bfloat16 compute:
+      # `load_hf(compute_dtype=)`, a trainer's) are packed in the products' dtype: every product
+      # casts them to it anyway, so the values are the same and a decode step reads half the bytes.
       dtype = self.model.dtype
-      packable = dtype in cpu_gemm.DTYPES and self._head_dv.dtype == dtype
-      if self.config.cpu_gemm_threads != 0 and packable and cpu_gemm.available():
-        self._layer_weights = _pack_layers(self._layer_weights)
-        self._head_dv = _pack(self._head_dv)
+      if self.config.cpu_gemm_threads != 0 and dtype in cpu_gemm.DTYPES and cpu_gemm.available():
+        self._layer_weights = _pack_layers(_cast_products(self._layer_weights, dtype))
+        self._head_dv = _pack(self._head_dv.astype(dtype))
         self._gemm_threads = self.config.cpu_gemm_threads
 
   def generate(
@@ -571,6 +573,12 @@ def sampling_split(
 _transpose = jax.jit(lambda w: w.T)
 _fuse = jax.jit(model_lib.fuse_projections)
 _pack = jax.jit(cpu_gemm.pack)
+_cast_products = jax.jit(
+  lambda layers, dtype: [
+    {k: v.astype(dtype) if k in model_lib.FUSED_PRODUCTS else v for k, v in w.items()} for w in layers
+  ],
+  static_argnums=1,
+)
 # bfloat16 layer weights also keep their row-major copy, which a prefill's products read
 # (`cpu_gemm.pack(rows=True)`); a head product has a few rows only, the kernel's.
 _pack_layers = jax.jit(

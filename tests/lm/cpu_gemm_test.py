@@ -154,17 +154,21 @@ def test_a_failed_build_names_the_source_and_the_compiler_output(tmp_path, monke
   assert not list((tmp_path / "other").glob("*")), "a failed build leaves nothing behind"
 
 
-@pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-4), (jnp.bfloat16, 0.05)])
-def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel(dtype, atol):
+@pytest.mark.parametrize(
+  "param_dtype, dtype, atol",
+  [(jnp.float32, jnp.float32, 1e-4), (jnp.bfloat16, jnp.bfloat16, 0.05), (jnp.float32, jnp.bfloat16, 0.05)],
+)
+def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel(param_dtype, dtype, atol):
   # bfloat16: the kernel and XLA's dot both sum in float32 and round once, in other orders, so a
   # product may differ by one bf16 step: log-probs agree to a few hundredths, tokens exactly here.
-  model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0), param_dtype=dtype)
+  # float32 weights with bfloat16 products (a trainer's master weights) are packed in bfloat16.
+  model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0), param_dtype=param_dtype, dtype=dtype)
   prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [3]]
   outputs = {}
   for threads in (0, 1, 2):
     sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cpu_gemm_threads=threads))
     assert isinstance(sampler._head_dv, cpu_gemm.PackedWeight) == (threads != 0)
-    assert sampler._head_dv.dtype == dtype
+    assert sampler._head_dv.dtype == (dtype if threads else param_dtype)
     outputs[threads] = sampler.generate(prompts, max_new_tokens=12, n=2, temperature=0.0)
   for threads in (1, 2):
     assert outputs[threads].tokens == outputs[0].tokens
