@@ -78,7 +78,12 @@ def contract(spec: str, a: Array, b: Array, out_dtype: Any = None) -> Array:
 
 
 def _contract(spec: str, a: Array, b: Array, out_dtype: Any, cpu_bf16: bool) -> Array:
-  if not cpu_bf16:
+  a_axes, b_axes, out = _einsum_axes(spec)
+  batched = bool(set(a_axes) & set(b_axes) & set(out))
+  # A batched bf16 x bf16 -> f32 dot that XLA:CPU's library declines falls to its own dot, which
+  # refuses it at run time ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32";
+  # an attention product of a prefill, jax 0.10.2): batched products keep the plain form.
+  if not cpu_bf16 or batched:
     return jnp.einsum(spec, a, b, preferred_element_type=out_dtype)
   wide = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
   return wide.astype(out_dtype or jnp.bfloat16)
@@ -380,7 +385,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     # the reduction to one fused pass over the cache (~5x less). Products and sum in float32,
     # as the dot accumulates.
     weighted = probs[:, :, :, 0, :, None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)
-    out = jnp.sum(weighted, axis=3).astype(v.dtype)[:, None]  # [B, 1, K, G, H]
+    out = jnp.sum(weighted, axis=3).astype(q.dtype)[:, None]  # [B, 1, K, G, H]
   else:
     out = product("bkgts,bksh->btkgh", probs, v)
   return out.reshape(b, t, n, h)
@@ -722,9 +727,12 @@ def decoder_layer(
     }
     if not _is_prefill(cache_index):
       k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)
+      if x.shape[1] == 1 and kv["k"].dtype == jnp.float32:  # a decode step computes in float32:
+        k, v = kv["k"], kv["v"]  # a wider cache (`lm.sampler.cache_dtype`) is read as it is
     if "prefix_k" in kv:
       prefix = (kv["prefix_k"].astype(dtype), kv["prefix_v"].astype(dtype))
   attn = attend(q, k, v, mask, config.attention_block, prefix, config.attention_impl)  # [B, T, N, H]
+  attn = attn.astype(dtype)  # (a float32 cache's decode attention is float32)
   if "o_xd" in w:
     x = x + matmul(attn.reshape(*attn.shape[:2], -1), w["o_xd"].astype(dtype))
   else:

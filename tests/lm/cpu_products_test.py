@@ -2,12 +2,18 @@
 there, 5-6x XLA:CPU's own bf16 dot; every other platform's program the plain einsum, including a
 plan's accelerator program lowered on this CPU host (`lowering_for`)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from lm import model as model_lib
 from lm import plan as plan_lib
+from lm import sampler as sampler_lib
+from lm.config import ModelConfig
+from lm.model import Qwen
 
 
 def _dots(fn, *args) -> list:
@@ -87,3 +93,29 @@ def test_a_plan_compiles_for_its_target_platform(monkeypatch):
   except RuntimeError:
     pass
   assert seen == ["tpu"] and model_lib._PLATFORM.get() == ""
+
+
+def test_a_bf16_model_on_one_cpu_keeps_a_float32_cache_and_samples_at_a_real_shape():
+  # The cache rule (`lm.sampler.cache_dtype`): float32 for a bf16 model on one CPU device only.
+  config = sampler_lib.SamplerConfig()
+  assert sampler_lib.cache_dtype(config, jnp.bfloat16, cpu=True) == jnp.float32
+  assert sampler_lib.cache_dtype(config, jnp.bfloat16, cpu=False) == jnp.bfloat16
+  assert sampler_lib.cache_dtype(config, jnp.float32, cpu=True) == jnp.float32
+  explicit = sampler_lib.SamplerConfig(cache_dtype=jnp.bfloat16)
+  assert sampler_lib.cache_dtype(explicit, jnp.bfloat16, cpu=True) == jnp.bfloat16
+  # Shape (a) of benchmarks/sampler_bench.py, bf16: its prefill's batched attention products once
+  # compiled to a dot XLA:CPU refuses at run time (BF16 x BF16 = F32); a tiny model's are inlined
+  # and never reach it.
+  dims = dict(num_layers=4, hidden_size=512, intermediate_size=1536, num_heads=8, num_kv_heads=4, head_dim=64)
+  model_config = dataclasses.replace(ModelConfig.tiny_qwen3(vocab_size=4096), **dims)
+  model = Qwen(model_config, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
+  prompts = np.random.RandomState(0).randint(10, 4096, (8, 64)).tolist()
+  outputs = {}
+  for dtype in (None, jnp.bfloat16):
+    sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cache_dtype=dtype))
+    outputs[dtype] = sampler.generate(prompts, max_new_tokens=8, temperature=0.0)
+  # the float32 cache holds the same keys and values; the decode attention's probabilities are then
+  # not rounded to bf16 before the weighted sum, so log-probs agree to bf16 precision
+  first = [lp[0][0] for lp in outputs[None].logprobs]
+  np.testing.assert_allclose(first, [lp[0][0] for lp in outputs[jnp.bfloat16].logprobs], atol=0.05)
+  assert all(len(t[0]) == 8 for t in outputs[None].tokens)
