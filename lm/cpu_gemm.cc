@@ -9,8 +9,9 @@
 // bfloat16 weights: a decode step streams half the bytes. Each weight is widened to float32 in
 // registers (a bfloat16 is the top half of a float32: a zero-extend and a shift) and multiplied
 // there, so x keeps float32 precision and the sums are float32, as XLA's bf16 dot accumulates;
-// every SIMD level has the instructions (AVX512_BF16's dot products would round x to bf16 and
-// save no bytes, and a decode step is bound by the bytes).
+// every SIMD level has the instructions. (AVX512_BF16's VDPBF16PS on weights packed in k-pairs,
+// rows rounded to bf16, was built and measured 1.3-1.5x slower than this at 4-16 rows on the
+// 2-core AMX Xeon, [1024, 12288]: not kept; docs/results/2026-12-04-bf16-cpu.md.)
 //
 // Why: a decode step reads every weight once for a few rows of activations, so its speed is the
 // rate at which its products stream weights. XLA:CPU's dot reads a row-major [K, N] at 7-16 GB/s
