@@ -87,10 +87,12 @@ COMMANDS = {
 # `python -m benchmarks...` commands: the full runs take tens of minutes, so their test runs the same
 # harness at the quick shape (a baseline commit included).
 _BENCH = (
-  "tests/benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline_commit"
+  "tests/benchmarks/sampler_bench_test.py::"
+  "test_quick_run_measures_ours_transformers_and_a_baseline_commit_in_both_dtypes"
 )
 _RL_BENCH = (
-  "tests/benchmarks/rl_bench_test.py::test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree"
+  "tests/benchmarks/rl_bench_test.py::"
+  "test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_they_agree"
 )
 COMMANDS.update({
   "python -m benchmarks.sampler_bench": _BENCH,
