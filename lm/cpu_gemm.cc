@@ -87,6 +87,11 @@ inline float widen(uint16_t bits) {
 inline float widen(float value) { return value; }
 
 #if defined(LM_GEMM_AVX512)
+// Weight rows a micro-kernel prefetches ahead of the one it multiplies. A decode step's products
+// stream their weights from memory: with 16 rows ahead, the [1024, 151936] output head at 4 rows
+// ran 1.25x faster in bf16 (18.7 -> 14.9 ms) and 1.21x in float32 (30.5 -> 25.2), 8 rows 1.23x and
+// 1.18x; 8 and 32 rows ahead were no better (2-core AMX Xeon, 8 interleaved calls, 2026-12-04).
+constexpr int64_t kPrefetchRows = 16;
 // 16 weights at p as float32.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
@@ -105,6 +110,11 @@ void micro(const float* __restrict x, int64_t ldx, int64_t ldk, const W* __restr
 #pragma GCC unroll 24
   for (int i = 0; i < MT * NV; ++i) acc[i / NV][i % NV] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kn; ++k, w += kBlock) {
+    // The block's row kPrefetchRows ahead, every cache line of it: more loads in flight than the
+    // hardware's stream prefetcher keeps (an x86 prefetch past the block's end never faults).
+#pragma GCC unroll 4
+    for (int line = 0; line < kBlock * static_cast<int>(sizeof(W)); line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * kBlock) + line, _MM_HINT_T0);
     __m512 wv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) wv[v] = load16(w + v * 16);
