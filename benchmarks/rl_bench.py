@@ -69,7 +69,7 @@ from benchmarks.harness import fmt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIDES = ("jax", "torch", "torch_window")
-DTYPES = ("float32", "bfloat16")
+DTYPES = harness.DTYPES
 AGREEMENT_STEPS = 16
 
 
@@ -343,7 +343,7 @@ def roofline(setup: Setup, measured: dict, bandwidth_gb_s: float, peaks_gflop_s:
   bandwidth, with that dtype's bytes a weight and KV entry."""
   out = {}
   for dtype, by_side in measured["results"].items():
-    bound = setup.rollout_bound(bandwidth_gb_s, itemsize=2 if dtype == "bfloat16" else 4)
+    bound = setup.rollout_bound(bandwidth_gb_s, itemsize=harness.ITEMSIZE[dtype])
     out[dtype] = {}
     for side, r in by_side.items():
       flops = measured["train_flops"][side]
@@ -458,13 +458,8 @@ def main():
   dtypes = args.dtypes.split(",")
   if not dtypes or not set(dtypes) <= set(DTYPES) or len(set(dtypes)) != len(dtypes):
     parser.error(f"--dtypes must name distinct dtypes of {DTYPES}, got {args.dtypes!r}")
-  machine = harness.describe_machine(threads, args.quick)
-  peaks = {d: harness.measure_peak_flops(1024 if args.quick else 2048, d) / 1e9 for d in dtypes}
-  print(
-    "matmul peak by operand dtype (float32 accumulation): "
-    + ", ".join(f"{d} {p:.0f} GFLOP/s" for d, p in peaks.items()),
-    flush=True,
-  )
+  machine = harness.describe_machine(threads, args.quick)  # its peaks: one per dtype
+  peaks = {d: machine["peaks_gflop_s"][d] for d in dtypes}
   record = {
     **machine,
     "peak_gflop_s_by_dtype": peaks,
