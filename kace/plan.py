@@ -1,12 +1,21 @@
-"""KACE's in-process solver planned for a target (`lm.plan`): the sampler's prefill-and-decode
-program at the preset's sampling budget, and the most rows per call (`sampler.max_rows`), on the
-first mesh searched that fits with headroom. KACE trains nothing, so the sampler is its only
-program."""
+"""KACE's in-process roles planned for a target (`lm.plan`): the solver's prefill-and-decode program
+at the preset's sampling budget with the most rows a call (`sampler.max_rows`, up to 256) on the
+first mesh searched that fits with headroom (what `launch.kace_eval` runs); and where the preset
+runs its teacher and curator in the same process (`kind: jax`, e.g. Qwen3-32B), their sampler
+planned beside the solver's resident weights, and the solver's program beside theirs (what
+`launch.kace_build` runs: `kace.methods.role` keeps every role it loads). KACE trains nothing, so
+the samplers are its only programs.
+
+A candidate (rows, mesh) is screened by its weights and KV cache alone (`lm.plan.sampler_floor`),
+then by its peak extrapolated from compiles at two reduced depths (`lm.plan.by_depth`); only a
+candidate that passes both is compiled whole, and the figures reported are the whole compile's."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from flax import nnx
 
 from lm import plan as plan_lib
 from lm import progress
@@ -16,100 +25,9 @@ from lm.sampler import SamplerConfig
 
 PROMPT_TOKENS = 2048  # assumed: a problem, the cards in the prompt and the chat template (a model)
 ROWS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Choice:
-  overrides: dict[str, Any]
-  programs: list[plan_lib.ProgramPlan]
-  fits: bool
-  tried: tuple[str, ...] = ()  # the row counts before it that did not fit, and why
-
-
-def solver_program(
-  config: dict,
-  target: plan_lib.Target,
-  *,
-  rows: int,
-  prompt_tokens: int = PROMPT_TOKENS,
-  mesh: sharding_lib.MeshConfig | None = None,
-):
-  """The solver's sampler program for `rows` rows (n = 1 each) on `target`, on `mesh` (default the
-  preset's, data parallel across slices)."""
-  solver = config["roles"]["solver"]
-  shard = sharding_lib.ShardingConfig()
-  mesh_cfg = mesh or plan_lib.across_slices(sharding_lib.MeshConfig(**solver["mesh"]), target)
-  mesh = plan_lib.target_mesh(plan_lib.target_devices(target), mesh_cfg)
-  model_cfg = solver_model(config)
-  model = plan_lib.abstract_model(model_cfg, solver["dtype"], mesh, shard)
-  return plan_lib.sampler_program(
-    model,
-    mesh,
-    target,
-    rows=rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
-    prompt_len=prompt_tokens,
-    new_tokens=config["sampling"]["max_tokens"],
-    n=1,
-    config=SamplerConfig(**{**solver["sampler"], "max_rows": rows}),
-  )
-
-
-def solver_model(config: dict) -> ModelConfig:
-  return ModelConfig.preset(config["roles"]["solver"].get("preset") or "qwen3_4b")
-
-
-def choose(
-  config: dict,
-  target: plan_lib.Target,
-  *,
-  headroom: float = plan_lib.HEADROOM,
-  prompt_tokens: int = PROMPT_TOKENS,
-  search_mesh: bool = True,
-):
-  """The most rows a call (at most the preset's `max_rows`), and at that row count the first mesh
-  (`lm.plan.mesh_candidates`: the preset's first, then the least communication first) whose program
-  fits `target`'s budget (`lm.plan.budget`: the memory JAX may use less `headroom`); the last
-  compiled when none does. A mesh whose weights and KV cache alone exceed the budget
-  (`lm.plan.sampler_floor`) is skipped uncompiled. `search_mesh=False`: the preset's mesh only."""
-  budget = plan_lib.budget(target, headroom)
-  solver = config["roles"]["solver"]
-  model_cfg = solver_model(config)
-  most = solver["sampler"].get("max_rows", 256)
-  first = plan_lib.across_slices(sharding_lib.MeshConfig(**solver["mesh"]), target)
-  meshes = plan_lib.mesh_candidates(target, model_cfg, first)
-  meshes = meshes if search_mesh else meshes[:1]
-  length = prompt_tokens + config["sampling"]["max_tokens"]
-  choice, tried = None, []
-  for rows in [r for r in ROWS if r <= most] or [most]:
-    for mesh, note in meshes:
-      shape = mesh.shape(target.devices)
-      at = f"{rows} rows, {plan_lib.mesh_label(mesh, target.devices)}" + (f" ({note})" if note else "")
-      overrides = {"roles.solver.sampler.max_rows": rows}
-      overrides |= {f"roles.solver.mesh.{k}": v for k, v in zip(("data", "fsdp", "tp"), shape, strict=True)}
-      floor = plan_lib.sampler_floor(model_cfg, solver["dtype"], shape, rows, length)
-      if len(meshes) > 1 and floor > budget:
-        tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
-        continue
-      progress.say(f"plan {target.name}: compiling the solver at {at}")  # a search may take an hour
-      try:
-        program = solver_program(config, target, rows=rows, prompt_tokens=prompt_tokens, mesh=mesh)
-      except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
-        if plan_lib.refusal(e) is None:
-          raise
-        tried.append(f"{at}: refused ({plan_lib.refusal(e)})")
-        choice = Choice(overrides=overrides, programs=[], fits=False, tried=tuple(tried))
-        continue
-      if note:
-        program = dataclasses.replace(program, detail=f"{program.detail}; {note}")
-      choice = Choice(
-        overrides=overrides, programs=[program], fits=program.peak <= budget, tried=tuple(tried)
-      )
-      if choice.fits:
-        return choice
-      tried.append(f"{at}: peak {program.peak / plan_lib.GiB:.1f} GiB")
-  if choice is None:  # every candidate skipped uncompiled
-    return Choice(overrides={}, programs=[], fits=False, tried=tuple(tried))
-  return dataclasses.replace(choice, tried=tuple(tried))
+# A teacher or curator given neither checkpoint nor preset is planned as the papers' Qwen3-32B.
+ASSUMED_ROLE_PRESET = "qwen3_32b"
+BUILD_ROLES = ("teacher", "curator")
 
 
 # Each in-process role's new tokens: the solver samples at `sampling`, the classifier at
@@ -154,6 +72,246 @@ def role_model(config: dict, role: str) -> tuple[ModelConfig | None, str]:
       f"the tiny solver built at run time (kace.synthetic), its vocabulary at most {tiny.vocab_size}",
     )
   return None, "no checkpoint directory or preset to read its model from"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Choice:
+  overrides: dict[str, Any]
+  programs: list[plan_lib.ProgramPlan]
+  fits: bool
+  tried: tuple[str, ...] = ()  # the candidates before it that did not fit, and why
+  notes: tuple[str, ...] = ()  # assumptions, and what was not planned and why
+
+
+def role_prompt_tokens(config: dict, role: str, prompt_tokens: int = PROMPT_TOKENS) -> int:
+  """A role's prompt tokens (a model): the solver's `prompt_tokens`; a teacher's or curator's
+  `learn.failures_per_prompt` failed traces of `learn.attempt_tokens` each beside them."""
+  if role == "solver":
+    return prompt_tokens
+  learn = config["learn"]
+  return prompt_tokens + learn["failures_per_prompt"] * learn["attempt_tokens"]
+
+
+def program(
+  config: dict,
+  role: str,
+  target: plan_lib.Target,
+  *,
+  rows: int,
+  prompt_tokens: int = PROMPT_TOKENS,
+  mesh: sharding_lib.MeshConfig | None = None,
+  layers: int = 0,
+  resident: int = 0,
+):
+  """`role`'s sampler program for `rows` rows (n = 1 each) on `target`, on `mesh` (default the
+  role's own, data parallel across slices), its model cut to `layers` layers when given (a search's
+  reduced-depth compile), `resident` bytes a device held beside it (other roles' weights)."""
+  section = config["roles"][role]
+  model_cfg, _ = planned_model(config, role)
+  if layers:
+    model_cfg = dataclasses.replace(model_cfg, num_layers=layers)
+  mesh_cfg = mesh or plan_lib.across_slices(sharding_lib.MeshConfig(**section["mesh"]), target)
+  on = plan_lib.target_mesh(plan_lib.target_devices(target), mesh_cfg)
+  model = plan_lib.abstract_model(model_cfg, section["dtype"], on, sharding_lib.ShardingConfig())
+  out = plan_lib.sampler_program(
+    model,
+    on,
+    target,
+    rows=rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
+    prompt_len=role_prompt_tokens(config, role, prompt_tokens),
+    new_tokens=config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"],
+    n=1,
+    config=SamplerConfig(**{**section["sampler"], "max_rows": rows}),
+    resident=resident,
+  )
+  return dataclasses.replace(out, name="sample" if role == "solver" else f"sample ({role})")
+
+
+def solver_program(config: dict, target: plan_lib.Target, **kwargs):
+  """The solver's `program` (what `launch.kace_eval` runs)."""
+  return program(config, "solver", target, **kwargs)
+
+
+def solver_model(config: dict) -> ModelConfig:
+  return planned_model(config, "solver")[0]
+
+
+def planned_model(config: dict, role: str) -> tuple[ModelConfig, str]:
+  """(the model a role is planned with: `role_model`'s, else an assumed one; the assumption, "" when
+  none): a solver given no model as Qwen3-4B, a teacher or curator as the papers' Qwen3-32B."""
+  model, _ = role_model(config, role)
+  if model is not None:
+    return model, ""
+  assumed = "qwen3_4b" if role == "solver" else ASSUMED_ROLE_PRESET
+  return ModelConfig.preset(assumed), f"{role}: no checkpoint or preset given, planned as {assumed}"
+
+
+def held_bytes(config: dict, role: str, target: plan_lib.Target, mesh: sharding_lib.MeshConfig) -> int:
+  """Per device, what a loaded role keeps between its calls on `mesh`: its weights as sharded and
+  its sampler's copies (`lm.plan.sampler_held`)."""
+  section = config["roles"][role]
+  on = plan_lib.target_mesh(plan_lib.target_devices(target), mesh)
+  model = plan_lib.abstract_model(
+    planned_model(config, role)[0], section["dtype"], on, sharding_lib.ShardingConfig()
+  )
+  head, copy = plan_lib.sampler_held(model, on, SamplerConfig(**section["sampler"]))
+  return plan_lib.tree_bytes(nnx.state(model, nnx.Param)) + head + copy
+
+
+def search(
+  config: dict,
+  role: str,
+  target: plan_lib.Target,
+  budget: int,
+  *,
+  most: int,
+  resident: int = 0,
+  prompt_tokens: int = PROMPT_TOKENS,
+  search_mesh: bool = True,
+) -> Choice:
+  """The most rows a call (at most `most`) and, at that row count, the first mesh
+  (`lm.plan.mesh_candidates`: the role's own first, then the least communication first) whose
+  program fits `budget` beside `resident` bytes; the last compiled when none does. A candidate is
+  skipped uncompiled when its weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`)
+  or, for a model deeper than the reduced compiles, when its peak estimated from them
+  (`lm.plan.by_depth`) exceeds the budget by more than `lm.plan.ESTIMATE_MARGIN`."""
+  section = config["roles"][role]
+  model_cfg, _ = planned_model(config, role)
+  first = plan_lib.across_slices(sharding_lib.MeshConfig(**section["mesh"]), target)
+  meshes = plan_lib.mesh_candidates(target, model_cfg, first)
+  meshes = meshes if search_mesh else meshes[:1]
+  prompt = role_prompt_tokens(config, role, prompt_tokens)
+  length = prompt + config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"]
+  estimate = model_cfg.num_layers > 2 * plan_lib.DEPTHS[-1]  # shallower: a whole compile is as cheap
+  prefix = "" if role == "solver" else f"{role}: "
+  choice, tried = None, []
+  for rows in [r for r in ROWS if r <= most] or [most]:
+    for mesh, note in meshes:
+      shape = mesh.shape(target.devices)
+      at = f"{prefix}{rows} rows, {plan_lib.mesh_label(mesh, target.devices)}" + (
+        f" ({note})" if note else ""
+      )
+      overrides = {f"roles.{role}.sampler.max_rows": rows}
+      overrides |= {f"roles.{role}.mesh.{k}": v for k, v in zip(("data", "fsdp", "tp"), shape, strict=True)}
+      floor = plan_lib.sampler_floor(model_cfg, section["dtype"], shape, rows, length) + resident
+      if len(meshes) > 1 and floor > budget:
+        tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
+        continue
+      at_depth = lambda layers, rows=rows, mesh=mesh: program(  # noqa: E731
+        config,
+        role,
+        target,
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        mesh=mesh,
+        layers=layers,
+        resident=resident,
+      )
+      try:
+        if estimate:
+          progress.say(f"plan {target.name}: estimating {at} from {plan_lib.DEPTHS} layers")
+          guess = plan_lib.by_depth(at_depth, model_cfg.num_layers)
+          if guess > budget * (1 + plan_lib.ESTIMATE_MARGIN):
+            tried.append(f"{at}: not compiled whole, peak {guess / plan_lib.GiB:.1f} GiB estimated by depth")
+            continue
+        progress.say(f"plan {target.name}: compiling {at}")  # a search may take an hour
+        compiled = at_depth(0)
+      except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
+        if plan_lib.refusal(e) is None:
+          raise
+        tried.append(f"{at}: refused ({plan_lib.refusal(e)})")
+        choice = Choice(overrides=overrides, programs=[], fits=False, tried=tuple(tried))
+        continue
+      if note:
+        compiled = dataclasses.replace(compiled, detail=f"{compiled.detail}; {note}")
+      choice = Choice(
+        overrides=overrides, programs=[compiled], fits=compiled.peak <= budget, tried=tuple(tried)
+      )
+      if choice.fits:
+        return choice
+      tried.append(f"{at}: peak {compiled.peak / plan_lib.GiB:.1f} GiB")
+  if choice is None:  # every candidate skipped uncompiled
+    return Choice(overrides={}, programs=[], fits=False, tried=tuple(tried))
+  return dataclasses.replace(choice, tried=tuple(tried))
+
+
+def choose(
+  config: dict,
+  target: plan_lib.Target,
+  *,
+  headroom: float = plan_lib.HEADROOM,
+  prompt_tokens: int = PROMPT_TOKENS,
+  search_mesh: bool = True,
+  most: int = ROWS[0],
+) -> Choice:
+  """The solver's `search` (at most `most` rows a call) on `target`'s budget (`lm.plan.budget`: the
+  memory JAX may use less `headroom`); then the teacher and curator where they run in this process
+  (identical sections are one model, `kace.methods.role`), searched at most their own
+  `sampler.max_rows` beside the solver's held bytes, and the solver's chosen program again with
+  theirs held beside it. It fits when every program does; the notes say which job does not."""
+  budget = plan_lib.budget(target, headroom)
+  solver = search(
+    config, "solver", target, budget, most=most, prompt_tokens=prompt_tokens, search_mesh=search_mesh
+  )
+  overrides, programs, tried = dict(solver.overrides), list(solver.programs), list(solver.tried)
+  groups = build_groups(config)
+  notes = [] if groups else ["teacher and curator: not in this process (played by the solver, or served)"]
+  if not groups or not solver.fits:
+    return Choice(
+      overrides=overrides, programs=programs, fits=solver.fits, tried=tuple(tried), notes=tuple(notes)
+    )
+  held = held_bytes(config, "solver", target, _mesh_of(overrides, "solver"))
+  others = 0  # what the build roles planned so far hold: each loaded role stays (kace.methods.role)
+  fits = True
+  for group in groups:
+    role, label = group[0], "/".join(group)
+    notes += [n for n in (planned_model(config, role)[1],) if n]
+    most_rows = config["roles"][role]["sampler"]["max_rows"]
+    found = search(
+      config, role, target, budget, most=most_rows, resident=held + others, prompt_tokens=prompt_tokens,
+      search_mesh=search_mesh,
+    )  # fmt: skip
+    tried += found.tried
+    for name in group:  # identical sections: the same overrides keep them one model
+      overrides |= {k.replace(f"roles.{role}.", f"roles.{name}."): v for k, v in found.overrides.items()}
+    if not found.fits:
+      fits = False
+      notes.append(f"kace_build: the {label} fits no candidate beside the solver; serve it (kind openai)")
+      programs += [dataclasses.replace(p, name=f"sample ({', '.join(group)})") for p in found.programs]
+      continue
+    programs.append(dataclasses.replace(found.programs[0], name=f"sample ({', '.join(group)})"))
+    others += held_bytes(config, role, target, _mesh_of(overrides, role))
+  if fits:  # the solver's chosen program again, with every build role's weights held beside it
+    beside = dataclasses.replace(solver.programs[0], name="sample (solver, in kace_build)", resident=others)
+    programs.append(beside)
+    if beside.peak > budget:
+      fits = False
+      notes.append(
+        f"kace_build: the solver at {overrides['roles.solver.sampler.max_rows']} rows beside the build "
+        f"roles peaks {beside.peak / plan_lib.GiB:.1f} GiB; kace_eval's plan holds, kace_build needs "
+        "fewer solver rows"
+      )
+  return Choice(overrides=overrides, programs=programs, fits=fits, tried=tuple(tried), notes=tuple(notes))
+
+
+def _mesh_of(overrides: dict[str, Any], role: str) -> sharding_lib.MeshConfig:
+  return sharding_lib.MeshConfig(*(overrides[f"roles.{role}.mesh.{k}"] for k in ("data", "fsdp", "tp")))
+
+
+def build_groups(config: dict) -> list[list[str]]:
+  """The teacher / curator roles that run in this process (`kind: jax`), grouped by identical
+  sections: one model a group (`kace.methods.role` loads a section once)."""
+  groups: list[list[str]] = []
+  for role in BUILD_ROLES:
+    section = config["roles"].get(role)
+    if section is None or section["kind"] != "jax":
+      continue
+    same = next((g for g in groups if config["roles"][g[0]] == section), None)
+    if same is None:
+      groups.append([role])
+    else:
+      same.append(role)
+  return groups
 
 
 def check(

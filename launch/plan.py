@@ -43,6 +43,7 @@ from absl import flags  # noqa: E402
 from dpa_grpo import plan as dpa_plan  # noqa: E402
 from kace import plan as kace_plan  # noqa: E402
 from launch import common  # noqa: E402
+from lm import code_digest  # noqa: E402
 from lm import plan as plan_lib  # noqa: E402
 
 _CONFIG = common.define_config(
@@ -63,6 +64,19 @@ _SEARCH_MESH = flags.DEFINE_bool(
   "Search (data, fsdp, tp) meshes when the preset's own does not fit (lm.plan.mesh_candidates).",
 )
 _OUT = flags.DEFINE_string("out", "", "Append each (preset, target) result as a JSON line here.")
+_FAILED = flags.DEFINE_string(
+  "failed",
+  "",
+  "Record this cause as the (preset, target)'s plan instead of planning it (scripts/plan_table.sh: a "
+  "plan that ran past its time limit or crashed is in the table with its cause, never left out).",
+)
+_SKIP_PLANNED = flags.DEFINE_string(
+  "skip_planned",
+  "",
+  "A plan records file: skip each (preset, target) it already holds a plan of, made by the same "
+  "planning code, preset and options (the record's `key`), so that an interrupted table resumes "
+  "and every record of it stays one code's (scripts/plan_table.sh).",
+)
 _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markdown and exit.")
 _MARKDOWN = flags.DEFINE_string("markdown", "docs/scale.md", "Where --render writes the table.")
 
@@ -96,6 +110,30 @@ def _commit() -> str:
   return head + ("+dirty" if head and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+# The modules whose code (and every first-party module they import) makes a plan: a record's `key`.
+PLANNERS = ("lm.plan", "kace.plan", "dpa_grpo.plan")
+
+
+def plan_key(config: dict, target: str, options: dict) -> str:
+  """The key of a (preset config, target) plan: changes with the planning code (`PLANNERS`' import
+  closure), the resolved config, the target, the options and the compiler's version, nothing else."""
+  import jax
+
+  blob = json.dumps(
+    {"config": config, "target": target, "jax": jax.__version__, **options}, sort_keys=True, default=str
+  )
+  return code_digest.cache_key(blob, PLANNERS)
+
+
+def planned_keys(path: str) -> set[str]:
+  """Keys of the plans (not the failed or timed-out ones) a records file holds."""
+  if not path or not os.path.exists(path):
+    return set()
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return {r["key"] for r in records if "key" in r and "error" not in r}
+
+
 def main(argv):
   del argv
   if _RENDER.value:
@@ -124,11 +162,24 @@ def main(argv):
     else functools.partial(dpa_plan.choose, sample=_SAMPLE.value, **search)
   )
   commit = _commit()  # the code that runs, read before the compiles (edits made meanwhile are not theirs)
+  options = dict(headroom=_HEADROOM.value, sample=_SAMPLE.value, search_mesh=_SEARCH_MESH.value)
+  done = planned_keys(_SKIP_PLANNED.value)
   for name in names:
     target = plan_lib.TARGETS[name]
-    result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
+    key = plan_key(_CONFIG.value.to_dict(), name, options)
+    if key in done:
+      print(f"{preset} on {name}: already planned by this code and options (key {key}), skipped")
+      continue
+    if _FAILED.value:
+      result = {
+        **plan_lib.target_record(preset, target, _HEADROOM.value),
+        "fits": False,
+        "error": _FAILED.value,
+      }
+    else:
+      result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
     result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
-    result["commit"] = commit
+    result["commit"], result["key"] = commit, key
     print(plan_lib.summary(result))
     if _OUT.value:
       os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

@@ -125,6 +125,11 @@ class ModelConfig:
     return cls(151_936, 4096, 12_288, 36, 32, 8, 128, tie_word_embeddings=False)
 
   @classmethod
+  def qwen3_32b(cls) -> ModelConfig:
+    """Qwen3-32B (KACE's teacher and curator): 64 layers, 64 query and 8 KV heads, 32.8B parameters."""
+    return cls(151_936, 5120, 25_600, 64, 64, 8, 128, tie_word_embeddings=False)
+
+  @classmethod
   def qwen2p5_1p5b(cls) -> ModelConfig:
     return cls(
       151_936,

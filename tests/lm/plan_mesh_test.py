@@ -50,13 +50,13 @@ def test_kace_search_finds_a_mesh_that_fits_where_the_presets_does_not():
   probe = plan_lib.cpu_target(8, 2**30)
   preset = kace_plan.solver_program(config, probe, rows=8, prompt_tokens=16)  # data parallel over 8
   target = plan_lib.cpu_target(8, preset.peak - 1)  # a budget the preset's mesh misses by one byte
-  choice = kace_plan.choose(config, target, headroom=0.0, prompt_tokens=16)
+  choice = kace_plan.choose(config, target, headroom=0.0, prompt_tokens=16, most=8)
   assert choice.fits and choice.overrides["roles.solver.sampler.max_rows"] == 8
   chosen = tuple(choice.overrides[f"roles.solver.mesh.{a}"] for a in ("data", "fsdp", "tp"))
   assert chosen != (8, 1, 1) and choice.programs[0].peak <= plan_lib.budget(target, 0.0)
   assert choice.tried[0].startswith("8 rows, mesh data=8 fsdp=1 tp=1: ")
   # Without the search the preset's mesh is all there is: fewer rows.
-  alone = kace_plan.choose(config, target, headroom=0.0, prompt_tokens=16, search_mesh=False)
+  alone = kace_plan.choose(config, target, headroom=0.0, prompt_tokens=16, search_mesh=False, most=8)
   assert (
     alone.overrides["roles.solver.mesh.data"] == 8 and alone.overrides["roles.solver.sampler.max_rows"] < 8
   )

@@ -1,0 +1,81 @@
+"""KACE's plan (`kace.plan.choose`): the reduced-depth estimate that screens candidates, and the
+teacher and curator planned beside the solver (what `launch.kace_build` holds at once), on this
+host's 8 CPU devices with tiny models."""
+
+import jax
+import pytest
+
+from configs import kace as kace_configs
+from configs.generators import generator_config
+from kace import plan as kace_plan
+from lm import plan as plan_lib
+
+
+def _tiny(teacher: bool = True, curator_same: bool = True) -> dict:
+  config = kace_configs.get_config("cpu").to_dict()
+  solver = config["roles"]["solver"]
+  solver |= dict(preset="tiny_qwen3", dtype="float32", mesh=dict(data=-1, fsdp=1, tp=1))
+  solver["sampler"] = {**solver["sampler"], "max_rows": 8, "min_prompt_bucket": 16, "step_bucket": 8}
+  config["sampling"] = {**config["sampling"], "max_tokens": 8}
+  config["role_sampling"] = {**config["role_sampling"], "max_tokens": 8}
+  config["learn"] = {**config["learn"], "failures_per_prompt": 2, "attempt_tokens": 8}
+  if teacher:
+    role = generator_config(preset="tiny_qwen3", dtype="float32").to_dict()
+    role |= dict(mesh=dict(data=1, fsdp=-1, tp=1))
+    role["sampler"] = {**role["sampler"], "max_rows": 4, "min_prompt_bucket": 16, "step_bucket": 8}
+    config["roles"]["teacher"] = role
+    config["roles"]["curator"] = role if curator_same else {**role, "seed": 1}
+  return config
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache():
+  # Compiled, never run: kept out of the persistent cache (tests/lm/plan_mesh_test.py says why).
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", True)
+
+
+def test_the_peak_extrapolated_by_depth_is_within_the_searchs_margin_of_the_whole_compile():
+  config, target = _tiny(teacher=False), plan_lib.cpu_target(8, 2**30)
+  at = lambda layers: kace_plan.program(config, "solver", target, rows=8, prompt_tokens=16, layers=layers)  # noqa: E731
+  whole = at(12).peak
+  estimate = plan_lib.by_depth(at, 12)
+  assert abs(estimate - whole) / whole <= plan_lib.ESTIMATE_MARGIN, (estimate, whole)
+  # A wrong slope (the second depth's peak read as the first's) misses by more than the margin.
+  flat = plan_lib.by_depth(lambda layers: at(2), 12, depths=(2, 4))
+  assert abs(flat - whole) / whole > plan_lib.ESTIMATE_MARGIN
+
+
+def test_identical_teacher_and_curator_are_one_model_planned_beside_the_solver():
+  config = _tiny()
+  assert kace_plan.build_groups(config) == [["teacher", "curator"]]
+  assert kace_plan.build_groups(_tiny(curator_same=False)) == [["teacher"], ["curator"]]
+  assert kace_plan.build_groups(_tiny(teacher=False)) == []
+  target = plan_lib.cpu_target(8, 2**30)
+  choice = kace_plan.choose(config, target, prompt_tokens=16, most=8)
+  assert choice.fits
+  names = [p.name for p in choice.programs]
+  assert names == ["sample", "sample (teacher, curator)", "sample (solver, in kace_build)"]
+  solver, taught, beside = choice.programs
+  chosen = kace_plan._mesh_of(choice.overrides, "solver")
+  assert taught.resident == kace_plan.held_bytes(config, "solver", target, chosen) > 0
+  assert beside.resident == kace_plan.held_bytes(
+    config, "teacher", target, kace_plan._mesh_of(choice.overrides, "teacher")
+  )
+  assert beside.peak == solver.peak + beside.resident and solver.resident == 0
+  for key in ("sampler.max_rows", "mesh.data", "mesh.fsdp", "mesh.tp"):
+    assert choice.overrides[f"roles.teacher.{key}"] == choice.overrides[f"roles.curator.{key}"]
+  # The teacher's prompt holds its failed traces: 16 + 2 x 8 tokens, bucketed to the sampler's 16.
+  assert "prompt 32" in taught.detail
+
+
+def test_a_teacher_that_fits_nowhere_beside_the_solver_says_to_serve_it():
+  config = _tiny()
+  probe = plan_lib.cpu_target(8, 2**30)
+  alone = kace_plan.choose(_tiny(teacher=False), probe, prompt_tokens=16, most=8, headroom=0.0)
+  # A budget the solver alone fits, with less room beside it than the teacher's weights need.
+  target = plan_lib.cpu_target(8, alone.programs[0].peak + 1)
+  choice = kace_plan.choose(config, target, prompt_tokens=16, most=8, headroom=0.0)
+  assert not choice.fits and choice.programs[0].name == "sample" and choice.programs[0].peak <= target.hbm_bytes
+  assert any("serve it" in n or "needs fewer solver rows" in n for n in choice.notes), choice.notes
