@@ -10,6 +10,7 @@ from typing import Any
 
 from lm import plan as plan_lib
 from lm import progress
+from lm import sampler as sampler_lib
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 from lm.sampler import SamplerConfig
@@ -26,32 +27,56 @@ class Choice:
   tried: tuple[str, ...] = ()  # the row counts before it that did not fit, and why
 
 
-def solver_program(
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Solver:
+  """The solver's sampler for one row count on a target, abstract (`solver_shaped`): what the plan
+  compiles and the device check (`kace.device_check`) runs."""
+
+  model: Any  # `lm.plan.abstract_model`: parameters as `ShapeDtypeStruct`s with their shardings
+  mesh: Any
+  sampler: SamplerConfig
+  shaped: Any  # `lm.sampler.ShapedSampler`
+  rows: int  # asked (the sampler buckets them: `shaped.prompts` were compiled)
+  prompt_tokens: int
+  new_tokens: int
+
+
+def solver_shaped(
   config: dict,
   target: plan_lib.Target,
   *,
   rows: int,
   prompt_tokens: int = PROMPT_TOKENS,
   mesh: sharding_lib.MeshConfig | None = None,
-):
-  """The solver's sampler program for `rows` rows (n = 1 each) on `target`, on `mesh` (default the
-  preset's, data parallel across slices)."""
+) -> Solver:
+  """The solver's sampler programs for `rows` rows (n = 1 each) on `target`, on `mesh` (default the
+  preset's, data parallel across slices), at the preset's sampling budget, uncompiled."""
   solver = config["roles"]["solver"]
-  shard = sharding_lib.ShardingConfig()
   mesh_cfg = mesh or plan_lib.across_slices(sharding_lib.MeshConfig(**solver["mesh"]), target)
   mesh = plan_lib.target_mesh(plan_lib.target_devices(target), mesh_cfg)
-  model_cfg = solver_model(config)
-  model = plan_lib.abstract_model(model_cfg, solver["dtype"], mesh, shard)
+  model = plan_lib.abstract_model(solver_model(config), solver["dtype"], mesh, sharding_lib.ShardingConfig())
+  sampler = SamplerConfig(**{**solver["sampler"], "max_rows": rows})
+  new_tokens = config["sampling"]["max_tokens"]
+  shaped = sampler_lib.shaped_programs(
+    model, mesh, rows=rows, prompt_len=prompt_tokens, new_tokens=new_tokens, n=1, config=sampler,
+    platform=plan_lib.sampler_platform(target),
+  )  # fmt: skip
+  return Solver(
+    model=model, mesh=mesh, sampler=sampler, shaped=shaped, rows=rows, prompt_tokens=prompt_tokens,
+    new_tokens=new_tokens,
+  )  # fmt: skip
+
+
+def solver_program(solver: Solver, target: plan_lib.Target, compiled: Any = None) -> plan_lib.ProgramPlan:
+  """The plan's figures of `solver`'s program (`solver_shaped`) on `target`, compiled
+  (`lm.plan.sampler_program`); `compiled`: its compile, read instead of compiling again (the device
+  check compiles it to run it)."""
   return plan_lib.sampler_program(
-    model,
-    mesh,
-    target,
-    rows=rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
-    prompt_len=prompt_tokens,
-    new_tokens=config["sampling"]["max_tokens"],
-    n=1,
-    config=SamplerConfig(**{**solver["sampler"], "max_rows": rows}),
-  )
+    solver.model, solver.mesh, target,
+    rows=solver.rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
+    prompt_len=solver.prompt_tokens, new_tokens=solver.new_tokens, n=1, config=solver.sampler,
+    shaped=solver.shaped, compiled=compiled,
+  )  # fmt: skip
 
 
 def solver_model(config: dict) -> ModelConfig:
@@ -92,7 +117,8 @@ def choose(
         continue
       progress.say(f"plan {target.name}: compiling the solver at {at}")  # a search may take an hour
       try:
-        program = solver_program(config, target, rows=rows, prompt_tokens=prompt_tokens, mesh=mesh)
+        shaped = solver_shaped(config, target, rows=rows, prompt_tokens=prompt_tokens, mesh=mesh)
+        program = solver_program(shaped, target)
       except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
         if plan_lib.refusal(e) is None:
           raise

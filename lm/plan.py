@@ -248,6 +248,11 @@ def mesh_candidates(
   return [(m, note(m)) for m in out]
 
 
+def kv_row_bytes(config: ModelConfig, slots: int, itemsize: int) -> int:
+  """Bytes of one row's KV cache of `slots` positions: keys and values of every layer's KV heads."""
+  return 2 * config.num_layers * config.num_kv_heads * config.head_dim * slots * itemsize
+
+
 def sampler_floor(
   config: ModelConfig, dtype: Any, shape: tuple[int, int, int], rows: int, length: int
 ) -> int:
@@ -258,8 +263,7 @@ def sampler_floor(
   data, fsdp, tp = shape
   itemsize = jnp.dtype(dtype).itemsize
   weights = param_count(config) * itemsize / (fsdp * tp)
-  kv_row = 2 * config.num_layers * config.num_kv_heads * config.head_dim * length * itemsize
-  kv = math.ceil(rows / data) * kv_row / min(fsdp * tp, config.num_kv_heads)
+  kv = math.ceil(rows / data) * kv_row_bytes(config, length, itemsize) / min(fsdp * tp, config.num_kv_heads)
   return int(weights + kv)
 
 
@@ -374,7 +378,7 @@ def figures(
     bytes_accessed, bytes_source = float(cost["bytes accessed"]), "compile"
   # XLA's cost analysis counts a while loop's body once (the scan over layers, the decode loop), so
   # the compile's figures under-count looped programs: the roofline reads the counted model.
-  seconds = max(model[0] / target.peak_flops, model[1] / target.hbm_bandwidth)
+  seconds = roofline_seconds(model, target)
   return ProgramPlan(
     name=name,
     arguments=int(mem.argument_size_in_bytes),
@@ -391,6 +395,12 @@ def figures(
     model_bytes=model[1],
     detail=detail,
   )
+
+
+def roofline_seconds(model: tuple[float, float], target: Target) -> float:
+  """The roofline time of a program's model (FLOPs, bytes) per device on `target`: the larger of its
+  FLOPs at the peak FLOP/s and its bytes at the memory bandwidth."""
+  return max(model[0] / target.peak_flops, model[1] / target.hbm_bandwidth)
 
 
 def forward_flops(config: ModelConfig, rows: int, length: int) -> float:
@@ -468,6 +478,31 @@ def sampler_held(model: Qwen, mesh: Mesh, config: Any) -> tuple[int, int]:
   return shaped.head_bytes, shaped.copy_bytes
 
 
+def sampler_model(
+  config: ModelConfig,
+  *,
+  prompts: int,
+  prompt_len: int,
+  steps: int,
+  n: int,
+  weights_bytes: int,
+  devices: int,
+  itemsize: int,
+  cache_steps: int | None = None,
+) -> tuple[float, float]:
+  """Per device, the model (FLOPs, bytes) of the sampler's program: the prefill's forward over
+  `prompts` prompts of `prompt_len` tokens, then `steps` decode steps of `prompts` x `n` rows, each
+  reading this device's weights (`weights_bytes` as sharded; a program that gathers them reads more:
+  see the compile's bytes) and its rows' KV cache of `prompt_len` + `cache_steps` positions (default
+  `steps`). An accelerator's decode step reads its cache buffer whole, so a run stopped after fewer
+  steps than its program was compiled for (the device check's truncated rows) passes the compiled
+  `cache_steps`: its model is then the compiled program's, prefill and `steps` of its steps."""
+  decode_rows = prompts * n
+  kv = kv_row_bytes(config, prompt_len + (steps if cache_steps is None else cache_steps), itemsize)
+  flops = forward_flops(config, prompts, prompt_len) + 2 * param_count(config) * decode_rows * steps
+  return flops / devices, steps * (weights_bytes + kv * decode_rows / devices)
+
+
 def sampler_program(
   model: Qwen,
   mesh: Mesh,
@@ -496,18 +531,12 @@ def sampler_program(
   )  # fmt: skip
   (call,) = shaped.programs  # the accelerator form: one program, prefill then decode
   cfg, steps, prompts = model.config, shaped.steps, shaped.prompts
-  decode_rows = prompts * n
-  kv_per_row = (
-    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (shaped.prompt_len + steps) * model.dtype.itemsize
-  )
   weights = tree_bytes(shaped.weights)
-  devices = mesh.devices.size
-  # Model: the prefill's forward, then `steps` decode steps each reading this device's weights (as
-  # sharded; a program that gathers them reads more: see the compile's bytes) and its rows' cache.
-  flops = forward_flops(cfg, prompts, shaped.prompt_len) + 2 * param_count(cfg) * decode_rows * steps
-  flops /= devices
-  bytes_model = steps * (weights + kv_per_row * decode_rows / devices)
-  kv = kv_per_row * decode_rows / GiB
+  flops, bytes_model = sampler_model(
+    cfg, prompts=prompts, prompt_len=shaped.prompt_len, steps=steps, n=n, weights_bytes=weights,
+    devices=mesh.devices.size, itemsize=model.dtype.itemsize,
+  )  # fmt: skip
+  kv = kv_row_bytes(cfg, shaped.prompt_len + steps, model.dtype.itemsize) * prompts * n / GiB
   detail = (
     f"{prompts} prompts x n={n} compiled ({rows} rows asked), prompt {shaped.prompt_len}, "
     f"{steps} new tokens; KV {kv:.1f} GiB (all rows)"
