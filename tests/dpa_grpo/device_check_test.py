@@ -1,6 +1,6 @@
 """The device check with DPA-GRPO's planned rows (`launch.device_check`, `dpa_grpo.device_check`) at
 toy sizes on the CPU: every part runs and the record holds each row's prediction beside its
-measurement, the rows run in ascending order of their peaks; a device whose memory
+measurement, the rows (KACE's too) run in ascending order of their peaks; a device whose memory
 agrees with the plan passes, one that disagrees fails; the plan's records are read for the
 configuration the row runs, or not at all."""
 
@@ -38,8 +38,8 @@ def test_the_cpu_check_runs_the_planned_row_and_a_planted_mismatch_fails(tmp_pat
   planted = dpa_device_check.accumulate_row(cpu=True, memory_stats=_device(2 * predicted), trials=1).run()
   assert not planted["judgement"]["ok"] and planted["judgement"]["memory"]["ok"] is False
 
-  # the rows, run in ascending order of their own peaks (this compile's)
-  assert sorted(record["rows"]) == ["dpa_grpo accumulate", "dpa_grpo sampler"]
+  # both papers' rows, run in ascending order of their own peaks (this compile's)
+  assert sorted(record["rows"]) == ["dpa_grpo accumulate", "dpa_grpo sampler", "kace sampler"]
   own = [record["rows"][name]["predicted"]["this_compile_peak_bytes"] for name in record["row_order"]]
   assert sorted(record["row_order"]) == sorted(record["rows"]) and own == sorted(own)
   assert compiled.own_bytes == row["predicted"]["this_compile_peak_bytes"]
