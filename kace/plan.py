@@ -6,9 +6,12 @@ planned beside the solver's resident weights, and the solver's program beside th
 `launch.kace_build` runs: `kace.methods.role` keeps every role it loads). KACE trains nothing, so
 the samplers are its only programs.
 
-A candidate (rows, mesh) is screened by its weights and KV cache alone (`lm.plan.sampler_floor`),
-then by its peak extrapolated from compiles at two reduced depths (`lm.plan.by_depth`); only a
-candidate that passes both is compiled whole, and the figures reported are the whole compile's."""
+A candidate (rows, mesh) whose weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`)
+is skipped uncompiled; every other is compiled whole. Screening by a peak extrapolated from compiles
+at reduced depth was tried and dropped: for the 4B solver on v5p-8 (data 4) it was exact at 16 rows
+(40.20 GiB from 2 and 4 layers, 40.26 compiled whole) and 76% high at 32 rows (114.9 GiB against
+65.4), so it would have ruled out the row count that fits (XLA lays out a 2- or 4-layer program's
+buffers unlike a 36-layer one's)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from flax import nnx
 
 from lm import plan as plan_lib
 from lm import progress
+from lm import sampler as sampler_lib
 from lm import sharding as sharding_lib
 from lm.config import ModelConfig
 from lm.sampler import SamplerConfig
@@ -92,7 +96,22 @@ def role_prompt_tokens(config: dict, role: str, prompt_tokens: int = PROMPT_TOKE
   return prompt_tokens + learn["failures_per_prompt"] * learn["attempt_tokens"]
 
 
-def program(
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampled:
+  """A role's sampler for one row count on a target, abstract (`shaped`): what the plan compiles
+  and the device check (`kace.device_check`) runs."""
+
+  role: str
+  model: Any  # `lm.plan.abstract_model`: parameters as `ShapeDtypeStruct`s with their shardings
+  mesh: Any
+  sampler: SamplerConfig
+  shaped: Any  # `lm.sampler.ShapedSampler`
+  rows: int  # asked (the sampler buckets them: `shaped.prompts` were compiled)
+  prompt_tokens: int  # the role's (`role_prompt_tokens`)
+  new_tokens: int
+
+
+def shaped(
   config: dict,
   role: str,
   target: plan_lib.Target,
@@ -100,36 +119,45 @@ def program(
   rows: int,
   prompt_tokens: int = PROMPT_TOKENS,
   mesh: sharding_lib.MeshConfig | None = None,
-  layers: int = 0,
-  resident: int = 0,
-):
-  """`role`'s sampler program for `rows` rows (n = 1 each) on `target`, on `mesh` (default the
-  role's own, data parallel across slices), its model cut to `layers` layers when given (a search's
-  reduced-depth compile), `resident` bytes a device held beside it (other roles' weights)."""
+) -> Sampled:
+  """`role`'s sampler programs for `rows` rows (n = 1 each) on `target`, uncompiled: on `mesh`
+  (default the role's own, data parallel across slices), at the role's prompt and sampling budget."""
   section = config["roles"][role]
   model_cfg, _ = planned_model(config, role)
-  if layers:
-    model_cfg = dataclasses.replace(model_cfg, num_layers=layers)
   mesh_cfg = mesh or plan_lib.across_slices(sharding_lib.MeshConfig(**section["mesh"]), target)
   on = plan_lib.target_mesh(plan_lib.target_devices(target), mesh_cfg)
   model = plan_lib.abstract_model(model_cfg, section["dtype"], on, sharding_lib.ShardingConfig())
+  sampler = SamplerConfig(**{**section["sampler"], "max_rows": rows})
+  prompt = role_prompt_tokens(config, role, prompt_tokens)
+  new_tokens = config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"]
+  programs = sampler_lib.shaped_programs(
+    model, on, rows=rows, prompt_len=prompt, new_tokens=new_tokens, n=1, config=sampler,
+    platform=plan_lib.sampler_platform(target),
+  )  # fmt: skip
+  return Sampled(
+    role=role, model=model, mesh=on, sampler=sampler, shaped=programs, rows=rows, prompt_tokens=prompt,
+    new_tokens=new_tokens,
+  )  # fmt: skip
+
+
+def compiled_program(
+  sampled: Sampled, target: plan_lib.Target, compiled: Any = None, resident: int = 0
+) -> plan_lib.ProgramPlan:
+  """The plan's figures of `sampled`'s program on `target` (`lm.plan.sampler_program`), `resident`
+  bytes a device holds beside it (other roles' weights); `compiled`: its compile, read instead of
+  compiling again (the device check compiles it to run it)."""
   out = plan_lib.sampler_program(
-    model,
-    on,
-    target,
-    rows=rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
-    prompt_len=role_prompt_tokens(config, role, prompt_tokens),
-    new_tokens=config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"],
-    n=1,
-    config=SamplerConfig(**{**section["sampler"], "max_rows": rows}),
-    resident=resident,
-  )
-  return dataclasses.replace(out, name="sample" if role == "solver" else f"sample ({role})")
+    sampled.model, sampled.mesh, target,
+    rows=sampled.rows,  # the sampler buckets the prompt rows itself; the notes say what was compiled
+    prompt_len=sampled.prompt_tokens, new_tokens=sampled.new_tokens, n=1, config=sampled.sampler,
+    resident=resident, shaped=sampled.shaped, compiled=compiled,
+  )  # fmt: skip
+  return dataclasses.replace(out, name="sample" if sampled.role == "solver" else f"sample ({sampled.role})")
 
 
-def solver_program(config: dict, target: plan_lib.Target, **kwargs):
-  """The solver's `program` (what `launch.kace_eval` runs)."""
-  return program(config, "solver", target, **kwargs)
+def program(config: dict, role: str, target: plan_lib.Target, *, resident: int = 0, **shape: Any):
+  """`role`'s program (`shaped`'s keyword arguments) compiled, its figures beside `resident` bytes."""
+  return compiled_program(shaped(config, role, target, **shape), target, resident=resident)
 
 
 def solver_model(config: dict) -> ModelConfig:
@@ -172,9 +200,7 @@ def search(
   """The most rows a call (at most `most`) and, at that row count, the first mesh
   (`lm.plan.mesh_candidates`: the role's own first, then the least communication first) whose
   program fits `budget` beside `resident` bytes; the last compiled when none does. A candidate is
-  skipped uncompiled when its weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`)
-  or, for a model deeper than the reduced compiles, when its peak estimated from them
-  (`lm.plan.by_depth`) exceeds the budget by more than `lm.plan.ESTIMATE_MARGIN`."""
+  skipped uncompiled when its weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`)."""
   section = config["roles"][role]
   model_cfg, _ = planned_model(config, role)
   first = plan_lib.across_slices(sharding_lib.MeshConfig(**section["mesh"]), target)
@@ -182,7 +208,6 @@ def search(
   meshes = meshes if search_mesh else meshes[:1]
   prompt = role_prompt_tokens(config, role, prompt_tokens)
   length = prompt + config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"]
-  estimate = model_cfg.num_layers > 2 * plan_lib.DEPTHS[-1]  # shallower: a whole compile is as cheap
   prefix = "" if role == "solver" else f"{role}: "
   choice, tried = None, []
   for rows in [r for r in ROWS if r <= most] or [most]:
@@ -197,25 +222,11 @@ def search(
       if len(meshes) > 1 and floor > budget:
         tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
         continue
-      at_depth = lambda layers, rows=rows, mesh=mesh: program(  # noqa: E731
-        config,
-        role,
-        target,
-        rows=rows,
-        prompt_tokens=prompt_tokens,
-        mesh=mesh,
-        layers=layers,
-        resident=resident,
-      )
+      progress.say(f"plan {target.name}: compiling {at}")  # a search may take an hour
       try:
-        if estimate:
-          progress.say(f"plan {target.name}: estimating {at} from {plan_lib.DEPTHS} layers")
-          guess = plan_lib.by_depth(at_depth, model_cfg.num_layers)
-          if guess > budget * (1 + plan_lib.ESTIMATE_MARGIN):
-            tried.append(f"{at}: not compiled whole, peak {guess / plan_lib.GiB:.1f} GiB estimated by depth")
-            continue
-        progress.say(f"plan {target.name}: compiling {at}")  # a search may take an hour
-        compiled = at_depth(0)
+        compiled = program(
+          config, role, target, rows=rows, prompt_tokens=prompt_tokens, mesh=mesh, resident=resident
+        )
       except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
         if plan_lib.refusal(e) is None:
           raise

@@ -147,10 +147,6 @@ def main(argv):
     names = plan_lib.target_names(_TARGET.value)  # an unknown target stops before any compile
   except ValueError as e:
     common.fail(f"--target: {e}")
-  for name in names:
-    missing = missing_backend(plan_lib.TARGETS[name].platform)
-    if missing:
-      common.fail(f"--target={name}: {missing}")
   path, preset_name = common.config_source("config")
   preset = f"{os.path.relpath(path, common.ROOT)}:{preset_name}"  # as the table names it
   # The job's planner: DPA-GRPO trains (accumulate, apply, sampler), KACE samples only.
@@ -164,9 +160,16 @@ def main(argv):
   commit = _commit()  # the code that runs, read before the compiles (edits made meanwhile are not theirs)
   options = dict(headroom=_HEADROOM.value, sample=_SAMPLE.value, search_mesh=_SEARCH_MESH.value)
   done = planned_keys(_SKIP_PLANNED.value)
+  planner = code_digest.source_digest(PLANNERS)[:12]  # the planning code alone (the key adds the rest)
+  keys = {name: plan_key(_CONFIG.value.to_dict(), name, options) for name in names}
+  for name in names:  # a compiler missing stops before any compile (a failure record needs none)
+    missing = (
+      None if keys[name] in done or _FAILED.value else missing_backend(plan_lib.TARGETS[name].platform)
+    )
+    if missing:
+      common.fail(f"--target={name}: {missing}")
   for name in names:
-    target = plan_lib.TARGETS[name]
-    key = plan_key(_CONFIG.value.to_dict(), name, options)
+    target, key = plan_lib.TARGETS[name], keys[name]
     if key in done:
       print(f"{preset} on {name}: already planned by this code and options (key {key}), skipped")
       continue
@@ -179,7 +182,7 @@ def main(argv):
     else:
       result = plan_lib.run_plan(choose, preset, _CONFIG.value.to_dict(), target, _HEADROOM.value)
     result["given"] = [a for a in sys.argv[1:] if a.startswith("--config.")]  # the plan started from these
-    result["commit"], result["key"] = commit, key
+    result["commit"], result["key"], result["planner"] = commit, key, planner
     print(plan_lib.summary(result))
     if _OUT.value:
       os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

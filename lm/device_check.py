@@ -2,8 +2,9 @@
 out whether the plan (docs/scale.md) is right about this device.
 
 `scripts/device_check.sh` runs `launch.device_check`, which adds the papers' planned rows (their
-programs at the shapes docs/scale.md plans for this device, `dpa_grpo.device_check`) to this
-module's parts:
+programs at the shapes docs/scale.md plans for this device: `dpa_grpo.device_check`'s sampler and
+train step, `kace.device_check`'s solver, whose time is a truncated measurement) to this module's
+parts:
 
   parity   our forward of a tiny random Qwen3 checkpoint (committed: `lm/parity_inputs/`, from
            `prepare`, where transformers is installed) in float32 and in bfloat16 against
@@ -14,7 +15,8 @@ module's parts:
            weights): the sampler's decode tokens/s against the memory-bandwidth roofline;
   rows     each planned program compiled as the plan compiles it and run on random weights
            (`measure`): its own peak memory and its time against the plan's (`judge`: memory within
-           10%, time within 2x of the roofline model, `Tolerances`).
+           10%, time within 2x of the roofline model, `Tolerances`). Every row is compiled first and
+           they run in ascending order of their own peaks by this device's compile (`CompiledRow`).
 
 Every part writes its record to the output JSON even when another fails, and says where each
 figure comes from ("measured", "compile", "model"). The check passes only when every part ran,
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -150,9 +153,10 @@ def reduced_qwen3_4b(cfg: CheckConfig):
 def decode_roofline(config, *, rows: int, context: int, dtype_bytes: int, bandwidth: float) -> float:
   """Decode tokens/s the memory-bandwidth bound allows: every step reads every weight once and
   each row's KV cache of `context` slots (its mean length over the generation)."""
+  from lm import plan
+
   weight_bytes = config.num_params * dtype_bytes
-  kv_bytes = rows * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim * dtype_bytes
-  return rows * bandwidth / (weight_bytes + kv_bytes)
+  return rows * bandwidth / (weight_bytes + rows * plan.kv_row_bytes(config, context, dtype_bytes))
 
 
 def _decode(cfg: CheckConfig, bandwidth: float) -> dict[str, Any]:
@@ -308,6 +312,202 @@ def judge(
   return out
 
 
+PLAN_RECORDS = os.path.normpath(os.path.join(os.path.dirname(PARITY_INPUTS), "..", "docs/results/plan.jsonl"))
+
+
+def recorded_peak(
+  preset: str,
+  target: str,
+  program: str,
+  overrides: Mapping[str, Any],
+  tried: str,
+  *,
+  fixed: Mapping[str, Any] | None = None,
+  path: str = PLAN_RECORDS,
+) -> float | None:
+  """The plan's figure for `program`'s own peak (bytes, resident left out) of `preset` (e.g.
+  "configs/kace.py:qwen3_4b") on `target` at the configuration `overrides` names, from the newest
+  record (the file is append-only): its chosen program when its overrides agree, else the candidate
+  of those it tried that `tried` (a regex with one group, GiB) matches (its peak is written to 0.1
+  GiB there); None when the plan never compiled that configuration.
+
+  `fixed`: overrides a record's tried lines do not vary (they name only rows, pairs, remat, mesh),
+  mapped to the value a record without the key compiled: a row whose value differs from the record's
+  has no figure there at all (the DPA rows' attention: the plan compiles the blockwise one)."""
+  if not os.path.exists(path):
+    return None
+  record = None
+  with open(path) as f:
+    for line in f:
+      r = json.loads(line) if line.strip() else {}
+      if r.get("preset") == preset and r.get("target") == target:
+        record = r
+  if record is None or not record.get("programs"):
+    return None
+  chosen = next((p for p in record["programs"] if p["name"] == program), None)
+  if chosen is None:
+    return None
+  fixed = fixed or {}
+  if any(record["overrides"].get(k, d) != overrides.get(k, d) for k, d in fixed.items()):
+    return None  # another configuration's program: the plan never compiled this one
+  rest = {k: v for k, v in overrides.items() if k not in fixed}
+  if all(record["overrides"].get(k) == v for k, v in rest.items()):
+    return float(chosen["peak"] - chosen["resident"])
+  for line in record.get("tried", ()):
+    found = re.match(tried, line)
+    if found:
+      return float(found.group(1)) * 2**30 - chosen["resident"]  # same state beside it
+  return None
+
+
+def random_like(abstract: Any, seed: int) -> Any:
+  """Arrays of `abstract`'s shapes, dtypes and shardings: normal(0, 0.02) for floats, made on the
+  devices (one leaf at a time), so no host holds 8 GB of weights."""
+  import jax
+  import jax.numpy as jnp
+
+  leaves, treedef = jax.tree.flatten(abstract)
+  out = []
+  for i, x in enumerate(leaves):
+    if x is None:
+      out.append(None)
+      continue
+    make = jax.jit(
+      lambda key, x=x: (
+        (0.02 * jax.random.normal(key, x.shape, jnp.float32)).astype(x.dtype)
+        if jnp.issubdtype(x.dtype, jnp.floating)
+        else jnp.zeros(x.shape, x.dtype)
+      ),
+      out_shardings=x.sharding,
+    )
+    out.append(make(jax.random.key(seed + i)))
+  return jax.tree.unflatten(treedef, out)
+
+
+def own_peak(here: Any) -> int:
+  """A compiled program's own peak (`lm.plan.ProgramPlan`: arguments + outputs − aliased +
+  temporaries): what `measure` measures; the plan's `resident` is state a run holds beside it."""
+  return here.arguments + here.outputs - here.aliased + here.temporaries
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompiledRow:
+  """A planned row compiled on this device, not yet run (what a paper's row function returns).
+
+  own_bytes: its program's own peak by this device's compile (`own_peak`; on the H200 the compile
+    came within 0.05% of the measurement): `check` runs the rows in ascending order of it, since a
+    row's peak is observable only when nothing earlier in the process peaked higher (`measure`).
+  run: runs it on random weights and returns its record (`compiled_row`).
+  """
+
+  own_bytes: int
+  run: Callable[[], dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Truncation:
+  """A row that runs its planned program for fewer decode steps than it was compiled for (the
+  runtime `max_new` of every row set lower: the program, its KV cache and so its memory are the
+  plan's), so that a decode of minutes fits the check: its time is judged against the roofline of
+  the steps it ran (`lm.plan.sampler_model` of those steps over the compiled cache).
+
+  steps_run: new tokens the longest row chose (the decode loop runs until every row is done).
+  planned_steps: the step bucket the program was compiled for.
+  model_flops, model_bytes: per device, the model of the run (prefill and `steps_run` steps).
+  roofline_seconds: `lm.plan.roofline_seconds` of that model.
+  """
+
+  steps_run: int
+  planned_steps: int
+  model_flops: float
+  model_bytes: float
+  roofline_seconds: float
+
+
+def compiled_row(
+  here: Any,
+  *,
+  row: str,
+  program: str,
+  target: Any,
+  cpu: bool,
+  recorded: float | None,
+  measure: Callable[[], dict[str, Any]],
+  truncation: Callable[[], Truncation] | None = None,
+  tolerances: Tolerances | None = None,
+  memory_stats: Callable[[], dict | None] | None = None,
+) -> CompiledRow:
+  """This device's compile `here` (a `lm.plan.ProgramPlan`) of a planned row, to run: `measure()`
+  (`measure`'s record of it on random weights), then `truncation()` where the run was cut short,
+  judged and recorded (`_row_record`)."""
+
+  def run() -> dict[str, Any]:
+    measured = measure()
+    return _row_record(
+      row=row, program=program, target=target, cpu=cpu, recorded=recorded, here=here, measured=measured,
+      tolerances=tolerances, memory_stats=memory_stats, truncation=truncation() if truncation else None,
+    )  # fmt: skip
+
+  return CompiledRow(own_bytes=own_peak(here), run=run)
+
+
+def _row_record(
+  *,
+  row: str,
+  program: str,
+  target: Any,
+  cpu: bool,
+  recorded: float | None,
+  here: Any,
+  measured: dict[str, Any],
+  tolerances: Tolerances | None = None,
+  memory_stats: Callable[[], dict | None] | None = None,
+  truncation: Truncation | None = None,
+) -> dict[str, Any]:
+  """One planned row's record: predicted (the plan's record `recorded` where there is one, else this
+  device's compile `here`, a `lm.plan.ProgramPlan`) beside measured, and the judgement. On a CPU
+  (no published figures, no memory in use) the time is not judged, nor the memory unless a test
+  plants `memory_stats`."""
+  own = own_peak(here)
+  predicted = recorded if recorded is not None else own
+  seconds = truncation.roofline_seconds if truncation else here.seconds
+  judgement = judge(
+    predicted_bytes=predicted,
+    measured_bytes=measured["peak_bytes"],
+    predicted_seconds=None if cpu else seconds,  # a CPU has no published figures
+    measured_seconds=measured["seconds"],
+    tolerances=tolerances or Tolerances(),
+    require=() if cpu and memory_stats is None else ("memory",) if cpu else ("memory", "time"),
+  )
+  roofline = {
+    "roofline_seconds": seconds,
+    "roofline_source": "model (counted FLOPs and bytes over the device's published peak)",
+  }
+  if truncation:
+    roofline |= {
+      "roofline_source": f"model of the steps run ({truncation.steps_run} of {truncation.planned_steps}: "
+      "a truncated measurement), counted FLOPs and bytes over the device's published peak",
+      "full_program_roofline_seconds": here.seconds,
+      "full_program_model": {"flops": here.model_flops, "bytes": here.model_bytes},
+      "truncation": dataclasses.asdict(truncation),
+    }
+  return {
+    "row": row,
+    "program": program,
+    "target": dataclasses.asdict(target),
+    "predicted": {
+      "peak_bytes": predicted,
+      "source": "plan record (docs/results/plan.jsonl, deviceless compile)" if recorded is not None else
+      "compile (this device's memory analysis)",
+      "this_compile_peak_bytes": own,
+      "this_compile_temporaries_bytes": here.temporaries,
+      **roofline,
+    },
+    "measured": measured,
+    "judgement": judgement,
+  }  # fmt: skip
+
+
 def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
   start = time.perf_counter()
   try:
@@ -319,8 +519,9 @@ def _run_part(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
   return result
 
 
-# cpu, then the row options the command line names (`--attention_impl`), to the rows by name
-PlannedRows = Callable[..., Mapping[str, Callable[[], dict[str, Any]]]]
+# cpu, then the row options the command line names (`--attention_impl`), to the rows by name, each
+# a function that compiles its row
+PlannedRows = Callable[..., Mapping[str, Callable[[], CompiledRow]]]
 PARTS = ("parity", "memory", "rows", "decode")
 
 
@@ -334,9 +535,9 @@ def check(
   row_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
   """Runs each of `parts` (all by default), the planned rows being `rows(cpu, **row_options)` (name
-  → a function returning its record, with a `judgement` from `judge`), and writes the record to
-  `out_path`; returns it. A check of fewer parts (a rerun of one row under another option) passes on
-  the parts it ran; its record names them."""
+  → a function compiling it, `CompiledRow`, whose `run` returns its record with a `judgement` from
+  `judge`), and writes the record to `out_path`; returns it. A check of fewer parts (a rerun of one
+  row under another option) passes on the parts it ran; its record names them."""
   import jax
 
   cfg = CheckConfig.for_mode(cpu)
@@ -371,13 +572,28 @@ def check(
     )
     write()
   # The planned rows before the decode measurement: they are what the check is for, and a row's
-  # peak is observable only when nothing earlier in the process peaked higher (`measure`).
+  # peak is observable only when nothing earlier in the process peaked higher (`measure`). So every
+  # row is compiled first, and they run in ascending order of their own peaks (this device's
+  # compile, exact where the plan's deviceless one is another compiler's).
   planned = dict(rows(cpu, **(row_options or {}))) if rows and "rows" in parts else {}
+  compiled: dict[str, CompiledRow] = {}
   if "rows" in parts:
-    record["rows"] = {}
-  for name, row in planned.items():
-    record["rows"][name] = _run_part(name, row)
-    write()
+    record["rows"], compile_seconds = {}, {}
+
+    def compile_row(name: str, make: Callable[[], CompiledRow]) -> dict[str, Any]:
+      compiled[name] = make()
+      return {"this_compile_peak_bytes": compiled[name].own_bytes}
+
+    for name, make in planned.items():
+      done = _run_part(f"{name} (compile)", lambda n=name, m=make: compile_row(n, m))
+      compile_seconds[name] = done["seconds"]
+      if name not in compiled:
+        record["rows"][name] = done  # its error
+    record["row_order"] = sorted(compiled, key=lambda name: compiled[name].own_bytes)
+    for name in record["row_order"]:
+      ran = _run_part(name, compiled.pop(name).run)  # its compile dropped once run
+      record["rows"][name] = {**ran, "compile_seconds": compile_seconds[name]}
+      write()
   if "decode" in parts:
     bw = bandwidth.get("bytes_per_s") or 1e9
     record["decode"] = _run_part("decode", lambda: _decode(cfg, bw))

@@ -248,6 +248,11 @@ def mesh_candidates(
   return [(m, note(m)) for m in out]
 
 
+def kv_row_bytes(config: ModelConfig, slots: int, itemsize: int) -> int:
+  """Bytes of one row's KV cache of `slots` positions: keys and values of every layer's KV heads."""
+  return 2 * config.num_layers * config.num_kv_heads * config.head_dim * slots * itemsize
+
+
 def sampler_floor(
   config: ModelConfig, dtype: Any, shape: tuple[int, int, int], rows: int, length: int
 ) -> int:
@@ -258,8 +263,7 @@ def sampler_floor(
   data, fsdp, tp = shape
   itemsize = jnp.dtype(dtype).itemsize
   weights = param_count(config) * itemsize / (fsdp * tp)
-  kv_row = 2 * config.num_layers * config.num_kv_heads * config.head_dim * length * itemsize
-  kv = math.ceil(rows / data) * kv_row / min(fsdp * tp, config.num_kv_heads)
+  kv = math.ceil(rows / data) * kv_row_bytes(config, length, itemsize) / min(fsdp * tp, config.num_kv_heads)
   return int(weights + kv)
 
 
@@ -309,24 +313,6 @@ class ProgramPlan:
   @property
   def peak(self) -> int:
     return self.arguments + self.outputs - self.aliased + self.temporaries + self.resident
-
-
-# The depths a search compiles a candidate at to extrapolate its peak (`by_depth`), and how far over
-# the budget an estimate may be and still earn a whole compile (the estimate's error, measured: the
-# 4B solver on v5p-8 at 16 rows, 40.20 GiB estimated from 2 and 4 layers, 40.26 compiled whole).
-DEPTHS = (2, 4)
-ESTIMATE_MARGIN = 0.05
-
-
-def by_depth(compile_at: Callable[[int], ProgramPlan], layers: int, depths: tuple[int, int] = DEPTHS) -> int:
-  """A program's per-device peak at `layers` layers, extrapolated from `compile_at(d)` at the two
-  reduced `depths`: a model whose layers the program unrolls (the sampler) compiles in time and
-  memory nearly linear in its depth, so two short compiles give the per-layer slope at a fraction
-  of one whole compile's time (2 and 4 layers of the 4B solver on v5p-8: 60 s; 36 layers: 145 s).
-  A search screens candidates with it and compiles whole only those it finds within
-  `ESTIMATE_MARGIN` of the budget; the figures a plan reports are always the whole compile's."""
-  (d1, p1), (d2, p2) = [(d, compile_at(d).peak) for d in depths]
-  return int(p2 + (p2 - p1) / (d2 - d1) * (layers - d2))
 
 
 def refusal(error: Exception) -> str | None:
@@ -392,7 +378,7 @@ def figures(
     bytes_accessed, bytes_source = float(cost["bytes accessed"]), "compile"
   # XLA's cost analysis counts a while loop's body once (the scan over layers, the decode loop), so
   # the compile's figures under-count looped programs: the roofline reads the counted model.
-  seconds = max(model[0] / target.peak_flops, model[1] / target.hbm_bandwidth)
+  seconds = roofline_seconds(model, target)
   return ProgramPlan(
     name=name,
     arguments=int(mem.argument_size_in_bytes),
@@ -409,6 +395,12 @@ def figures(
     model_bytes=model[1],
     detail=detail,
   )
+
+
+def roofline_seconds(model: tuple[float, float], target: Target) -> float:
+  """The roofline time of a program's model (FLOPs, bytes) per device on `target`: the larger of its
+  FLOPs at the peak FLOP/s and its bytes at the memory bandwidth."""
+  return max(model[0] / target.peak_flops, model[1] / target.hbm_bandwidth)
 
 
 def forward_flops(config: ModelConfig, rows: int, length: int) -> float:
@@ -486,6 +478,31 @@ def sampler_held(model: Qwen, mesh: Mesh, config: Any) -> tuple[int, int]:
   return shaped.head_bytes, shaped.copy_bytes
 
 
+def sampler_model(
+  config: ModelConfig,
+  *,
+  prompts: int,
+  prompt_len: int,
+  steps: int,
+  n: int,
+  weights_bytes: int,
+  devices: int,
+  itemsize: int,
+  cache_steps: int | None = None,
+) -> tuple[float, float]:
+  """Per device, the model (FLOPs, bytes) of the sampler's program: the prefill's forward over
+  `prompts` prompts of `prompt_len` tokens, then `steps` decode steps of `prompts` x `n` rows, each
+  reading this device's weights (`weights_bytes` as sharded; a program that gathers them reads more:
+  see the compile's bytes) and its rows' KV cache of `prompt_len` + `cache_steps` positions (default
+  `steps`). An accelerator's decode step reads its cache buffer whole, so a run stopped after fewer
+  steps than its program was compiled for (the device check's truncated rows) passes the compiled
+  `cache_steps`: its model is then the compiled program's, prefill and `steps` of its steps."""
+  decode_rows = prompts * n
+  kv = kv_row_bytes(config, prompt_len + (steps if cache_steps is None else cache_steps), itemsize)
+  flops = forward_flops(config, prompts, prompt_len) + 2 * param_count(config) * decode_rows * steps
+  return flops / devices, steps * (weights_bytes + kv * decode_rows / devices)
+
+
 def sampler_program(
   model: Qwen,
   mesh: Mesh,
@@ -514,18 +531,12 @@ def sampler_program(
   )  # fmt: skip
   (call,) = shaped.programs  # the accelerator form: one program, prefill then decode
   cfg, steps, prompts = model.config, shaped.steps, shaped.prompts
-  decode_rows = prompts * n
-  kv_per_row = (
-    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (shaped.prompt_len + steps) * model.dtype.itemsize
-  )
   weights = tree_bytes(shaped.weights)
-  devices = mesh.devices.size
-  # Model: the prefill's forward, then `steps` decode steps each reading this device's weights (as
-  # sharded; a program that gathers them reads more: see the compile's bytes) and its rows' cache.
-  flops = forward_flops(cfg, prompts, shaped.prompt_len) + 2 * param_count(cfg) * decode_rows * steps
-  flops /= devices
-  bytes_model = steps * (weights + kv_per_row * decode_rows / devices)
-  kv = kv_per_row * decode_rows / GiB
+  flops, bytes_model = sampler_model(
+    cfg, prompts=prompts, prompt_len=shaped.prompt_len, steps=steps, n=n, weights_bytes=weights,
+    devices=mesh.devices.size, itemsize=model.dtype.itemsize,
+  )  # fmt: skip
+  kv = kv_row_bytes(cfg, shaped.prompt_len + steps, model.dtype.itemsize) * prompts * n / GiB
   detail = (
     f"{prompts} prompts x n={n} compiled ({rows} rows asked), prompt {shaped.prompt_len}, "
     f"{steps} new tokens; KV {kv:.1f} GiB (all rows)"
@@ -751,7 +762,13 @@ def render(records: list[dict], *, date: str) -> str:
     "Shapes are the presets' with stated assumptions (`dpa_grpo/plan.py`, `kace/plan.py`): prompts of",
     "2,048 tokens; DPA-GRPO's loss rows are prompt + its longest completion, bucketed as packing does,",
     "for the verifier role; its sampler at the config's `sampler.max_rows` rows a call (records before",
-    "issue 48: 256), n = 1; KACE's solver at its preset's sampling budget and `max_rows`, n = 1. The",
+    "issue 48: 256), n = 1. KACE's solver at its preset's sampling budget, the most rows a call up to",
+    "256 (records before 2026-12-05: up to the preset's `max_rows`), n = 1 (`sample`: what kace_eval",
+    "runs); its teacher and curator, one model (Qwen3-32B where the preset names none), at up to their",
+    "`max_rows`, a prompt of `learn.failures_per_prompt` failed traces of `learn.attempt_tokens` beside",
+    "2,048 tokens and `role_sampling.max_tokens` new ones, with the solver's weights and sampler copies",
+    "resident (`sample (teacher, curator)`), and the solver's program again with theirs resident",
+    "(`sample (solver, in kace_build)`): kace_build keeps every role it loads. The",
     "notes give the prompt rows compiled (the sampler buckets them). A target's devices: a v5p-N name",
     "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips). `--config=<file>:<preset>@<target>`",
     "applies a target's fitting overrides (the `TARGETS` tables of configs/dpa_grpo.py and",
@@ -811,4 +828,13 @@ def render(records: list[dict], *, date: str) -> str:
     out += ["", "Overrides the plan chose (`--config.*`):", "", *flags_by_target, ""]
     if missing:
       out += [f"Not in these records (not planned in this run): {', '.join(missing)}.", ""]
+  planners: dict[str, list[str]] = {}
+  for r in records:
+    planners.setdefault(r.get("planner", "none recorded"), []).append(f"{r['target']} ({r['preset']})")
+  if len(planners) == 1 and "none recorded" not in planners:
+    (only,) = planners
+    out += [f"Every record above was planned by one planning code: `planner` {only} (launch/plan.py).", ""]
+  else:
+    out += ["The records above come from more than one planning code (`planner`, launch/plan.py):", ""]
+    out += [f"- {p}: {', '.join(names)}" for p, names in planners.items()] + [""]
   return "\n".join(out) + "\n"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The device check (launch/device_check.py, lm/device_check.py): parity in bf16 (inputs committed
-# under lm/parity_inputs/), memory bandwidth, decode against its roofline, and docs/scale.md's row
-# for this device (the 4B DPA-GRPO accumulate at its planned micro-batch, random weights,
-# dpa_grpo/device_check.py) judged against the plan: memory within 10%, time within 2x of the
-# roofline. Three ways to call it:
+# under lm/parity_inputs/), memory bandwidth, decode against its roofline, and docs/scale.md's rows
+# for this device on random weights (the 4B DPA-GRPO sampler and accumulate at their planned sizes,
+# dpa_grpo/device_check.py; KACE's solver sampler, kace/device_check.py, its program run for 1,024
+# of its 38,912 decode steps: a truncated measurement, timed against the roofline of the steps run),
+# in ascending order of their peaks, judged against the plan: memory within 10%, time within 2x of
+# the roofline. Three ways to call it:
 #   bash scripts/device_check.sh --cpu      # here and in CI: toy sizes (measured, not judged)
 #   bash scripts/device_check.sh --prepare  # here, before a device session: wheels of the pure
 #                                           # dependencies into device_check_inputs/wheels (ignored
@@ -15,7 +17,7 @@
 #   bash scripts/device_check.sh exec python -m tools.device_profile --out=$OUT   # any command in
 #                                           # the environment the check sets up
 # The record goes to ${OUT:-.}/device_check.json; the exit status is 0 only when every part ran,
-# parity held and the planned row agreed with the plan. Bounded to 9 minutes on the device.
+# parity held and every planned row agreed with the plan. Bounded to 9 minutes on the device.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 inputs="${DEVICE_CHECK_INPUTS:-device_check_inputs}"
@@ -33,7 +35,7 @@ smoke='import jax, jax.numpy as jnp, optax
 from flax import nnx
 from lm.config import ModelConfig
 from lm.model import Qwen
-import ml_collections, dpa_grpo.step, dpa_grpo.plan, lm.sampler
+import ml_collections, dpa_grpo.step, dpa_grpo.plan, lm.sampler, kace.plan
 m = Qwen(ModelConfig.tiny_qwen3(vocab_size=64), rngs=nnx.Rngs(0))
 g = nnx.grad(lambda m, t: m(t).astype(jnp.float32).mean())(m, jnp.ones((1, 8), jnp.int32))
 optax.adamw(1e-3).init(nnx.state(m, nnx.Param))

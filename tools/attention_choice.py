@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     "precision": lambda: device_profile._profile(
       args.pairs, args.cpu, args.out, tuple(variants.values()), trace=False
     ),  # noqa: SLF001
-    "row": lambda: dpa_device_check.accumulate_row(cpu=args.cpu, attention_impl=fused),
+    "row": lambda: dpa_device_check.accumulate_row(cpu=args.cpu, attention_impl=fused).run(),
     "headroom": lambda: _headroom(tuple(int(p) for p in args.sweep.split(",")), args.cpu, fused),
   }
   chosen = [p.strip() for p in args.parts.split(",") if p.strip()]

@@ -81,6 +81,7 @@ def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...], trace: boo
   from dpa_grpo import device_check as dpa_device_check
   from dpa_grpo import plan as dpa_plan
   from dpa_grpo import step
+  from lm import device_check
 
   base, target, length, name = dpa_device_check._planned(cpu)  # noqa: SLF001 -- the row's own config
   base = dataclasses.replace(base, train=dataclasses.replace(base.train, pairs_per_chunk=pairs))
@@ -105,8 +106,8 @@ def _profile(pairs: int, cpu: bool, out: str, impls: tuple[str, ...], trace: boo
     _, trainable, frozen, batch, key = su.accumulate_args
     if drawn is None:  # drawn once, then rounded to the preset's dtype: every variant's values
       drawn = (
-        dpa_device_check._random_like(trainable, 1),  # noqa: SLF001
-        dpa_device_check._random_like(frozen, 1000),  # noqa: SLF001
+        device_check.random_like(trainable, 1),
+        device_check.random_like(frozen, 1000),
       )
     weights = tuple(
       jax.tree.map(lambda w, a: _cast(w, base.model.dtype, a.dtype), w, a)

@@ -98,7 +98,8 @@ def test_a_check_of_some_parts_runs_those_and_passes_the_row_options(tmp_path):
 
   def rows(cpu, **options):
     seen.append((cpu, options))
-    return {"row": lambda: {"judgement": {"ok": False}}}  # a row that disagrees with its plan
+    disagrees = lambda: {"judgement": {"ok": False}}  # a row that disagrees with its plan
+    return {"row": lambda: device_check.CompiledRow(own_bytes=1, run=disagrees)}
 
   out = str(tmp_path / "check.json")
   memory_only = device_check.check("unused", out, cpu=True, rows=rows, parts=("memory",))
@@ -110,3 +111,24 @@ def test_a_check_of_some_parts_runs_those_and_passes_the_row_options(tmp_path):
   assert not with_row["ok"]  # the planted disagreement fails the check
   with pytest.raises(ValueError, match="parts must be some of"):
     device_check.check("unused", out, cpu=True, rows=rows, parts=("rows", "speed"))
+
+
+def test_the_rows_are_compiled_first_and_run_in_ascending_order_of_their_own_peaks(tmp_path):
+  events = []
+
+  def row(name, peak, error=False):
+    def make():
+      events.append(f"compile {name}")
+      if error:
+        raise RuntimeError("the compiler refused it")
+      return device_check.CompiledRow(own_bytes=peak, run=lambda: events.append(f"run {name}") or {})
+
+    return make
+
+  def rows(cpu):
+    return {"big": row("big", 3), "broken": row("broken", 0, error=True), "small": row("small", 1)}
+
+  record = device_check.check("unused", str(tmp_path / "c.json"), cpu=True, rows=rows, parts=("rows",))
+  assert events == ["compile big", "compile broken", "compile small", "run small", "run big"]
+  assert record["row_order"] == ["small", "big"] and "compile_seconds" in record["rows"]["big"]
+  assert "RuntimeError" in record["rows"]["broken"]["error"] and not record["ok"]

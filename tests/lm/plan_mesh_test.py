@@ -48,7 +48,7 @@ def _tiny_kace(max_rows: int) -> dict:
 def test_kace_search_finds_a_mesh_that_fits_where_the_presets_does_not():
   config = _tiny_kace(8)
   probe = plan_lib.cpu_target(8, 2**30)
-  preset = kace_plan.solver_program(config, probe, rows=8, prompt_tokens=16)  # data parallel over 8
+  preset = kace_plan.program(config, "solver", probe, rows=8, prompt_tokens=16)  # data parallel over 8
   target = plan_lib.cpu_target(8, preset.peak - 1)  # a budget the preset's mesh misses by one byte
   choice = kace_plan.choose(config, target, headroom=0.0, prompt_tokens=16, most=8)
   assert choice.fits and choice.overrides["roles.solver.sampler.max_rows"] == 8
@@ -95,7 +95,7 @@ def test_the_sampler_floor_is_below_every_compiled_peak():
   try:
     for shape in ((8, 1, 1), (1, 8, 1), (2, 2, 2)):
       mesh = sharding.MeshConfig(*shape)
-      program = kace_plan.solver_program(config, target, rows=8, prompt_tokens=16, mesh=mesh)
+      program = kace_plan.program(config, "solver", target, rows=8, prompt_tokens=16, mesh=mesh)
       floor = plan_lib.sampler_floor(model, "float32", shape, 8, 16 + 8)
       assert 0 < floor <= program.peak, (shape, floor, program.peak)
   finally:
