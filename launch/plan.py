@@ -100,14 +100,17 @@ def missing_backend(platform: str) -> str | None:
 
 
 def _commit() -> str:
-  """The code's commit, "+dirty" when the working tree differs from it ("" outside a git checkout)."""
+  """The code's commit, "+dirty" when the working tree differs from it ("" outside a git checkout);
+  the table's own outputs (docs/results/plan.jsonl, docs/scale.md), which a run writes, are not code."""
   import subprocess
 
   def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=common.ROOT, capture_output=True, text=True).stdout.strip()
 
   head = git("rev-parse", "--short", "HEAD")
-  return head + ("+dirty" if head and git("status", "--porcelain", "--untracked-files=no") else "")
+  outputs = (":(exclude)docs/results/plan.jsonl", ":(exclude)docs/scale.md")
+  dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *outputs)
+  return head + ("+dirty" if head and dirty else "")
 
 
 # The modules whose code (and every first-party module they import) makes a plan: a record's `key`.
