@@ -19,6 +19,8 @@ Set local paths with --config.model.checkpoint=/path/to/Qwen3-4B and --config.da
 
 import ml_collections
 
+from configs import plan_targets
+
 _METHODS = ("dpa_grpo", "grpo", "dapo", "gspo", "zero_shot")
 _SIZES = ("cpu", "tiny", "qwen3_4b", "qwen3_8b", "testbed", "testbed_v2", "testbed_v3")
 # Each size with one line (launchers' --help lists them); PRESET_NAMES adds the `<size>_<method>` ones.
@@ -289,55 +291,32 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   return c
 
 
-# The plan's overrides per preset size and target (`<preset>@<target>`): micro-batch, remat and
-# sampler rows a call, each what the plan chose or compiled for that target (docs/scale.md, from
-# docs/results/plan.jsonl) read against `lm.plan.budget`: 90% of the memory JAX may use, on a GPU
-# the allocator's pool the launchers set (0.90 of the card, lm/memory.py). The mesh is the preset's
-# (fsdp over every device), as the plan compiled it; past one host, data parallel across the slices
-# or nodes and fsdp within (`lm.plan.across_slices`). tests/configs/targets_test.py checks each
-# entry against its plan record. A target left out of an entry's sampler rows: not compiled yet
-# (`UNPLANNED`); `launch.plan --target=<name>` plans it.
-def _across(nodes: int, within: int) -> dict:
-  """The mesh past one host: data parallel across `nodes` slices or nodes, fsdp over the `within`
-  devices of each (`lm.plan.across_slices`)."""
-  return {"mesh.data": nodes, "mesh.fsdp": within, "mesh.tp": 1}
-
-
+# The plan's overrides per preset size and target (`<preset>@<target>`): micro-batch, remat, mesh and
+# sampler rows a call, as `launch.plan --render` writes them from the plan's newest record of each
+# target (configs/plan_targets.py; docs/scale.md shows the figures), read against `lm.plan.budget`:
+# 90% of the memory JAX may use, on a GPU the allocator's pool the launchers set (0.90 of the card,
+# lm/memory.py). A target whose plan does not fit, or that was not planned, is in `UNPLANNED` with the
+# plan's reason; `launch.plan --target=<name>` plans it. tests/configs/targets_test.py checks the
+# table against the records.
 # GPU targets train with cuDNN's fused attention: on an H200 its gradient lay as near a float32
 # reference as the blockwise attention's (6.07% against 6.28%), and the 4B step ran 5.4x faster
 # (53.3 s -> 9.6 s at 32 rows; docs/results/2026-12-04-attention-choice.md). The plan compiles the
 # blockwise attention in its place (`dpa_grpo.plan.shaped_step`).
 GPU_ATTENTION = {"model.attention_impl": "cudnn"}
+_PLANNED = {size: plan_targets.planned(f"configs/dpa_grpo.py:{size}") for size in ("qwen3_4b", "qwen3_8b")}
 TARGETS = {
-  "qwen3_4b": {
-    "v5e-8": {"loss.remat": "full", "train.pairs_per_chunk": 8},  # accumulate 9.2 GiB of 14.4
-    "v6e-8": {"loss.remat": "full", "train.pairs_per_chunk": 16},  # 16.8 GiB of 28.8
-    "v5p-8": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
-    "v5p-64": {"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
-    # two slices over DCN: accumulate 6.3 GiB, the sampler at 256 rows 44.2 GiB (compile), of 85.5
-    "2xv5p-64": {
-      **{"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
-      **_across(2, 32),
-    },
-    # compiled with the sampler copies: accumulate 59.6 GiB, the sampler at 32 rows 42.6 GiB, of 64.1
-    # GiB (0.9 x the 0.90 pool); 64 sampler rows peak at 68.9 GiB
-    "h100x1": {**GPU_ATTENTION, "loss.remat": "full", "train.pairs_per_chunk": 8, "sampler.max_rows": 32},
-    "h100x8": {**GPU_ATTENTION, "loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
-    # two nodes: accumulate 17.6 GiB, the sampler at 256 rows 20.6 GiB (compile), of 64.1
-    "2xh100x8": {
-      **GPU_ATTENTION,
-      **{"loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
-      **_across(2, 8),
-    },
-    # compiled likewise: accumulate 107.0 GiB, the sampler at 64 rows 69.0 GiB, of 113.7 (128: 121.7)
-    "h200x1": {**GPU_ATTENTION, "loss.remat": "full", "train.pairs_per_chunk": 16, "sampler.max_rows": 64},
-    "h200x8": {**GPU_ATTENTION, "loss.remat": "full", "train.pairs_per_chunk": 32, "sampler.max_rows": 256},
-  },
+  size: {
+    target: {**e["overrides"], **(GPU_ATTENTION if e["platform"] == "cuda" else {})}
+    for target, e in entries.items()
+    if "overrides" in e
+  }
+  for size, entries in _PLANNED.items()
 }
-
 UNPLANNED = {
-  ("qwen3_4b", "v5e-8"): "sampler rows: the compiler refused 256 rows; fewer not compiled yet",
-  ("qwen3_4b", "v6e-8"): "sampler rows: 256 rows peak at 31.3 GiB of 28.8; fewer not compiled yet",
+  (size, target): e["why"]
+  for size, entries in _PLANNED.items()
+  for target, e in entries.items()
+  if "overrides" not in e
 }
 
 

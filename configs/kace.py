@@ -19,6 +19,7 @@ qwen3_4b@<target>  the same with the plan's overrides for a machine (`TARGETS` b
 
 import ml_collections
 
+from configs import plan_targets
 from configs.generators import generator_config
 
 # The defaults below are those of the library records they configure (kace.learn.LearnConfig,
@@ -40,22 +41,15 @@ SOLVER_TEMPLATE = (
 )
 
 
-# The plan's solver rows a call per preset and target (`qwen3_4b@<target>`; docs/scale.md, from
-# docs/results/plan.jsonl, read against `lm.plan.budget`: 90% of the memory JAX may use). v5e-8: no
-# row count fits the preset's data-parallel mesh; the mesh search's first fit is 8 rows on data 4 x
-# fsdp 2 (13.9 GiB of 14.4, compile); v6e-8: not planned yet.
+# The plan's overrides per preset and target (`qwen3_4b@<target>`): the solver's rows a call and mesh,
+# and the teacher's and curator's where they run in this process, as `launch.plan --render` writes
+# them from the plan's newest record of each target (configs/plan_targets.py; docs/scale.md shows the
+# figures). Where only kace_eval's solver fits (the build roles do not fit beside it), the solver's.
 TARGETS = {
   "qwen3_4b": {
-    "v5e-8": {
-      "roles.solver.sampler.max_rows": 8,
-      **{"roles.solver.mesh.data": 4, "roles.solver.mesh.fsdp": 2, "roles.solver.mesh.tp": 1},
-    },
-    "v5p-8": {"roles.solver.sampler.max_rows": 16},
-    "v5p-64": {"roles.solver.sampler.max_rows": 16},
-    "h100x1": {"roles.solver.sampler.max_rows": 8},  # 60.4 GiB of 64.1
-    "h100x8": {"roles.solver.sampler.max_rows": 16},
-    "h200x1": {"roles.solver.sampler.max_rows": 16},  # 105.8 GiB of 113.7
-    "h200x8": {"roles.solver.sampler.max_rows": 16},
+    target: e["overrides"]
+    for target, e in plan_targets.planned("configs/kace.py:qwen3_4b").items()
+    if "overrides" in e
   },
 }
 

@@ -79,6 +79,11 @@ _SKIP_PLANNED = flags.DEFINE_string(
 )
 _RENDER = flags.DEFINE_string("render", "", "Render a results JSONL into --markdown and exit.")
 _MARKDOWN = flags.DEFINE_string("markdown", "docs/scale.md", "Where --render writes the table.")
+_TARGETS_JSON = flags.DEFINE_string(
+  "targets_json",
+  "configs/plan_targets.json",
+  "Where --render writes each preset's per-target overrides, which `<preset>@<target>` applies.",
+)
 
 
 # The compiler each platform's deviceless compile needs: (module, the venv scripts/plan_venvs.sh builds).
@@ -137,6 +142,33 @@ def planned_keys(path: str) -> set[str]:
   return {r["key"] for r in records if "key" in r and "error" not in r}
 
 
+def targets_table(records: list[dict]) -> dict[str, dict[str, dict]]:
+  """{preset: {target: entry}} of the newest record of each (preset, target): configs/plan_targets.json.
+  A fitting plan's entry carries its overrides. A KACE plan whose build roles do not fit beside the
+  solver still carries the solver's, when its own program fits: kace_eval runs that one alone."""
+  newest = {(r["preset"], r["target"]): r for r in records}
+  table: dict[str, dict[str, dict]] = {}
+  for (preset, target), r in newest.items():
+    budget = plan_lib.record_budget(r) * plan_lib.GiB
+    # every program within the budget (records made before `fits` covered the sampler said yes anyway)
+    fits = r["fits"] and all(p["peak"] <= budget for p in r.get("programs", []))
+    entry = dict(fits=fits, platform=r["platform"], commit=r.get("commit", ""), planner=r.get("planner", ""))
+    if "error" in r:
+      entry["why"] = r["error"]
+    elif fits:
+      entry["overrides"] = r["overrides"]
+    else:
+      over = [
+        f"{p['name']} peaks {p['peak'] / plan_lib.GiB:.1f} GiB" for p in r["programs"] if p["peak"] > budget
+      ]
+      solver = next((p for p in r["programs"] if p["name"] == "sample"), None)
+      if preset.startswith("configs/kace.py") and solver is not None and solver["peak"] <= budget:
+        entry["overrides"] = {k: v for k, v in r["overrides"].items() if k.startswith("roles.solver.")}
+      entry["why"] = "; ".join(over + list(r.get("notes") or r.get("tried", [])[-1:])) or "no candidate fits"
+    table.setdefault(preset, {})[target] = entry
+  return table
+
+
 def main(argv):
   del argv
   if _RENDER.value:
@@ -144,7 +176,9 @@ def main(argv):
       rows = [json.loads(line) for line in f if line.strip()]
     with open(_MARKDOWN.value, "w") as f:
       f.write(plan_lib.render(rows, date=datetime.date.today().isoformat()))
-    print(f"wrote {_MARKDOWN.value} ({len(rows)} plans)")
+    with open(_TARGETS_JSON.value, "w") as f:
+      f.write(json.dumps(targets_table(rows), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {_MARKDOWN.value} and {_TARGETS_JSON.value} ({len(rows)} plans)")
     return
   try:
     names = plan_lib.target_names(_TARGET.value)  # an unknown target stops before any compile

@@ -1,11 +1,12 @@
-"""The `<preset>@<target>` tables of configs/dpa_grpo.py and configs/kace.py: every entry parses into
-its typed config through the config flag, and each override is one the plan's own records
-(docs/results/plan.jsonl) show fitting the target's budget (`lm.plan.budget`), the sampler copies
-the old records leave out added."""
+"""The `<preset>@<target>` tables of configs/dpa_grpo.py and configs/kace.py, which read
+configs/plan_targets.json: that file is what `launch.plan --render` writes from the plan's own
+records (docs/results/plan.jsonl), every entry parses into its typed config through the config flag
+with the values the plan chose, and every program of a fitting plan is within its budget
+(`lm.plan.budget`) by the record's figures."""
 
+import functools
 import json
 import pathlib
-import re
 
 import pytest
 from absl import flags
@@ -13,23 +14,25 @@ from ml_collections import config_flags
 
 from configs import dpa_grpo as dpa_configs
 from configs import kace as kace_configs
+from configs import plan_targets
 from dpa_grpo import config as config_lib
 from kace.config import KaceConfig
+from launch import plan as launch_plan
 from lm import plan as plan_lib
-from lm.config import ModelConfig
 
 ROOT = pathlib.Path(__file__).parents[2]
 GiB = 2**30
+JOBS = {"dpa_grpo": dpa_configs, "kace": kace_configs}
 
 
-def _records() -> dict[tuple[str, str], dict]:
-  """The newest plan record of each (preset file:size, target)."""
-  out = {}
-  for line in (ROOT / "docs/results/plan.jsonl").read_text().splitlines():
-    if line.strip():
-      r = json.loads(line)
-      out[(r["preset"], r["target"])] = r
-  return out
+@functools.cache
+def _records() -> tuple[dict, ...]:
+  lines = (ROOT / "docs/results/plan.jsonl").read_text().splitlines()
+  return tuple(json.loads(line) for line in lines if line.strip())
+
+
+def _newest() -> dict[tuple[str, str], dict]:
+  return {(r["preset"], r["target"]): r for r in _records()}
 
 
 def _parsed(job: str, preset: str):
@@ -40,65 +43,54 @@ def _parsed(job: str, preset: str):
   return holder.config
 
 
-@pytest.mark.parametrize("target", sorted(dpa_configs.TARGETS["qwen3_4b"]))
-def test_dpa_target_presets_parse_and_fit_by_the_plans_own_figures(target):
-  typed = config_lib.ExperimentConfig.from_dict(_parsed("dpa_grpo", f"qwen3_4b@{target}").to_dict())
-  want = dpa_configs.TARGETS["qwen3_4b"][target]
-  assert (
-    typed.train.pairs_per_chunk == want["train.pairs_per_chunk"] and typed.loss.remat == want["loss.remat"]
+def _get(config: dict, dotted: str):
+  for part in dotted.split("."):
+    config = config[part]
+  return config
+
+
+def test_the_targets_file_is_what_the_plan_renders_from_its_records():
+  """Written by `launch.plan --render`, never by hand: rendered again from the records, it is equal."""
+  assert json.loads(pathlib.Path(plan_targets.PATH).read_text()) == launch_plan.targets_table(
+    list(_records())
   )
-  record = _records()[("configs/dpa_grpo.py:qwen3_4b", target)]
-  for key in ("mesh.data", "mesh.fsdp", "mesh.tp"):  # past one host: the mesh the plan compiled
-    assert key not in want or want[key] == record["overrides"][key] == getattr(typed.mesh, key[5:])
-  t = plan_lib.TARGETS[target]
-  # GPUs train with cuDNN's attention (docs/results/2026-12-04-attention-choice.md), TPUs blockwise
-  assert typed.model.attention_impl == ("cudnn" if t.platform == "cuda" else "blockwise")
-  budget = plan_lib.budget(t) / GiB
-  # The recorded accumulate peak at these pairs: the chosen program's, or a candidate's in `tried`.
-  pairs = want["train.pairs_per_chunk"]
-  if record["overrides"]["train.pairs_per_chunk"] == pairs:
-    peak = next(p["peak"] for p in record["programs"] if p["name"] == "accumulate") / GiB
-  else:
-    (peak,) = [
-      float(m) for tr in record["tried"] for m in re.findall(rf"full, {pairs} pairs: peak ([\d.]+) GiB", tr)
-    ]
-  m = ModelConfig.qwen3_4b()
-  held = 2 * (m.vocab_size * m.hidden_size * 2 + (m.num_params * 2 / t.devices if t.devices > 1 else 0)) / GiB
-  assert peak + held <= budget, (target, peak, held, budget)
-  if "sampler.max_rows" in want:  # compiled at these rows and fitting
-    assert (
-      typed.sampler.max_rows == want["sampler.max_rows"] == record["overrides"].get("sampler.max_rows", 256)
-    )
-    sample = next(p for p in record["programs"] if p["name"] == "sample")
-    assert (sample["peak"] / GiB + held + m.num_params * 2 / t.devices / GiB) <= budget
-  else:
-    assert ("qwen3_4b", target) in dpa_configs.UNPLANNED
+
+
+_ENTRIES = [(job, target) for job, module in JOBS.items() for target in sorted(module.TARGETS["qwen3_4b"])]
+
+
+@pytest.mark.parametrize(("job", "target"), _ENTRIES)
+def test_each_target_preset_parses_with_the_plans_values_and_fits_by_its_figures(job, target):
+  parsed = _parsed(job, f"qwen3_4b@{target}")
+  typed = (config_lib.ExperimentConfig if job == "dpa_grpo" else KaceConfig).from_dict(parsed.to_dict())
+  assert typed is not None
+  record = _newest()[(f"configs/{job}.py:qwen3_4b", target)]
+  entry = plan_targets.planned(f"configs/{job}.py:qwen3_4b")[target]
+  for key, value in entry["overrides"].items():
+    assert _get(parsed.to_dict(), key) == value == record["overrides"][key], key
+  budget = plan_lib.record_budget(record) * GiB
+  if job == "dpa_grpo":  # GPUs train with cuDNN's attention (docs/results/2026-12-04-attention-choice.md)
+    assert typed.model.attention_impl == ("cudnn" if record["platform"] == "cuda" else "blockwise")
+  judged = record["programs"] if entry["fits"] else [p for p in record["programs"] if p["name"] == "sample"]
+  assert judged and all(p["peak"] <= budget for p in judged), (
+    target,
+    [(p["name"], p["peak"]) for p in judged],
+  )
+
+
+def test_a_target_that_does_not_fit_says_why_and_is_not_a_preset():
+  for target, entry in plan_targets.planned("configs/dpa_grpo.py:qwen3_4b").items():
+    if not entry["fits"]:
+      assert target not in dpa_configs.TARGETS["qwen3_4b"] and dpa_configs.UNPLANNED[("qwen3_4b", target)]
 
 
 def test_h100x1_carries_a_micro_batch_that_fits_one_h100():
   config = dpa_configs.get_config("qwen3_4b@h100x1")
-  assert config.train.pairs_per_chunk == 8 < dpa_configs.get_config("qwen3_4b").train.pairs_per_chunk
-
-
-@pytest.mark.parametrize("target", sorted(kace_configs.TARGETS["qwen3_4b"]))
-def test_kace_target_presets_parse_and_fit_by_the_plans_own_figures(target):
-  typed = KaceConfig.from_dict(_parsed("kace", f"qwen3_4b@{target}").to_dict())
-  rows = kace_configs.TARGETS["qwen3_4b"][target]["roles.solver.sampler.max_rows"]
-  assert typed.roles.solver.sampler["max_rows"] == rows
-  record = _records()[("configs/kace.py:qwen3_4b", target)]
-  for key, value in kace_configs.TARGETS["qwen3_4b"][target].items():  # the mesh the search chose
-    assert not key.startswith("roles.solver.mesh.") or record["overrides"][key] == value
-  if record["overrides"]["roles.solver.sampler.max_rows"] == rows:
-    peak = record["programs"][0]["peak"] / GiB
-  else:
-    (peak,) = [
-      float(m) for tr in record["tried"] for m in re.findall(rf"^{rows} rows: peak ([\d.]+) GiB", tr)
-    ]
-  assert peak <= plan_lib.budget(plan_lib.TARGETS[target]) / GiB, (target, peak)
+  assert config.train.pairs_per_chunk < dpa_configs.get_config("qwen3_4b").train.pairs_per_chunk
 
 
 def test_an_unknown_target_names_the_known_ones():
   with pytest.raises(ValueError, match="unknown target 'h100x9'.*h100x1"):
     dpa_configs.get_config("qwen3_4b@h100x9")
-  with pytest.raises(ValueError, match="unknown target 'v6e-8'.*h100x1"):  # not planned yet
-    kace_configs.get_config("qwen3_4b@v6e-8")
+  with pytest.raises(ValueError, match="unknown target 'h100x9'.*h100x1"):
+    kace_configs.get_config("qwen3_4b@h100x9")
