@@ -243,7 +243,8 @@ def search(
   """On `base`'s mesh: the first candidate (remat, pairs_per_chunk ÷ k) whose training programs fit
   `budget`, then the most sampler rows a call (the config's `sampler.max_rows`, halved until it
   fits) whose program fits beside them; the last one tried when none does. It fits only when every
-  program does; the sampler is not compiled when no training candidate fits."""
+  program does; the sampler is not compiled when no training candidate fits, nor at a row count
+  whose weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`)."""
   choice, tried, exp = None, [], base
   start = [r for r, _ in CANDIDATES].index(base.loss.remat) if base.loss.remat != "none" else 0
   for remat, divide in CANDIDATES[start:]:
@@ -272,8 +273,16 @@ def search(
   if not sample or not choice.fits:  # the sampler runs beside training: no use planning it alone
     return choice
   rows = base.sampler.max_rows
+  model_cfg = ModelConfig.preset(exp.model.preset, **dict(exp.model.overrides))
+  slots = prompt_tokens + exp.rollout.max_new_tokens
   while True:
     at = dataclasses.replace(exp, sampler=dataclasses.replace(exp.sampler, max_rows=rows))
+    floor = plan_lib.sampler_floor(model_cfg, exp.model.dtype, exp.mesh.shape(target.devices), rows, slots)
+    if floor > budget and rows > 1:  # its weights and KV cache alone: fewer rows, uncompiled
+      alone = f"weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)"
+      tried.append(f"sampler at {rows} rows: not compiled, {alone}")
+      rows //= 2
+      continue
     progress.say(f"plan {target.name}: compiling the sampler at {rows} rows")
     try:
       (sampled,) = programs(at, target, train=False, length=length, prompt_tokens=prompt_tokens)

@@ -219,7 +219,7 @@ def search(
       overrides = {f"roles.{role}.sampler.max_rows": rows}
       overrides |= {f"roles.{role}.mesh.{k}": v for k, v in zip(("data", "fsdp", "tp"), shape, strict=True)}
       floor = plan_lib.sampler_floor(model_cfg, section["dtype"], shape, rows, length) + resident
-      if len(meshes) > 1 and floor > budget:
+      if floor > budget:  # a lower bound over the budget: cannot fit, not compiled
         tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
         continue
       progress.say(f"plan {target.name}: compiling {at}")  # a search may take an hour
@@ -255,11 +255,14 @@ def choose(
   search_mesh: bool = True,
   most: int = ROWS[0],
 ) -> Choice:
-  """The solver's `search` (at most `most` rows a call) on `target`'s budget (`lm.plan.budget`: the
-  memory JAX may use less `headroom`); then the teacher and curator where they run in this process
-  (identical sections are one model, `kace.methods.role`), searched at most their own
-  `sampler.max_rows` beside the solver's held bytes, and the solver's chosen program again with
-  theirs held beside it. It fits when every program does; the notes say which job does not."""
+  """One configuration in which both of KACE's launchers fit `target`'s budget (`lm.plan.budget`:
+  the memory JAX may use less `headroom`). The solver's `search` (at most `most` rows a call) is
+  kace_eval's plan. Where the teacher and curator run in this process (identical sections are one
+  model, `kace.methods.role`), each is searched at most its own `sampler.max_rows` beside the
+  solver's held bytes, and the solver's program must fit again beside theirs (kace_build keeps every
+  role it loads); where it does not, the solver is searched again with them resident, and the preset
+  carries those rows (the notes give kace_eval's own). Where a build role fits nowhere, the plan is
+  kace_eval's and does not fit: the notes say to serve that role instead."""
   budget = plan_lib.budget(target, headroom)
   solver = search(
     config, "solver", target, budget, most=most, prompt_tokens=prompt_tokens, search_mesh=search_mesh
@@ -272,36 +275,53 @@ def choose(
       overrides=overrides, programs=programs, fits=solver.fits, tried=tuple(tried), notes=tuple(notes)
     )
   held = held_bytes(config, "solver", target, _mesh_of(overrides, "solver"))
-  others = 0  # what the build roles planned so far hold: each loaded role stays (kace.methods.role)
-  fits = True
+  built, others = [], 0  # the build roles' programs, and what they hold (each loaded role stays)
   for group in groups:
-    role, label = group[0], "/".join(group)
+    role, label = group[0], ", ".join(group)
     notes += [n for n in (planned_model(config, role)[1],) if n]
-    most_rows = config["roles"][role]["sampler"]["max_rows"]
     found = search(
-      config, role, target, budget, most=most_rows, resident=held + others, prompt_tokens=prompt_tokens,
-      search_mesh=search_mesh,
+      config, role, target, budget, most=config["roles"][role]["sampler"]["max_rows"], resident=held + others,
+      prompt_tokens=prompt_tokens, search_mesh=search_mesh,
     )  # fmt: skip
     tried += found.tried
+    named = [dataclasses.replace(p, name=f"sample ({label})") for p in found.programs]
+    if not found.fits:  # kace_eval's plan stands alone; kace_build cannot run this role here
+      notes.append(f"kace_build: the {label} fits no candidate beside the solver; serve it (kind openai)")
+      return Choice(
+        overrides=overrides, programs=[*programs, *named], fits=False, tried=tuple(tried), notes=tuple(notes)
+      )
     for name in group:  # identical sections: the same overrides keep them one model
       overrides |= {k.replace(f"roles.{role}.", f"roles.{name}."): v for k, v in found.overrides.items()}
-    if not found.fits:
-      fits = False
-      notes.append(f"kace_build: the {label} fits no candidate beside the solver; serve it (kind openai)")
-      programs += [dataclasses.replace(p, name=f"sample ({', '.join(group)})") for p in found.programs]
-      continue
-    programs.append(dataclasses.replace(found.programs[0], name=f"sample ({', '.join(group)})"))
-    others += held_bytes(config, role, target, _mesh_of(overrides, role))
-  if fits:  # the solver's chosen program again, with every build role's weights held beside it
-    beside = dataclasses.replace(solver.programs[0], name="sample (solver, in kace_build)", resident=others)
-    programs.append(beside)
-    if beside.peak > budget:
-      fits = False
-      notes.append(
-        f"kace_build: the solver at {overrides['roles.solver.sampler.max_rows']} rows beside the build "
-        f"roles peaks {beside.peak / plan_lib.GiB:.1f} GiB; kace_eval's plan holds, kace_build needs "
-        "fewer solver rows"
-      )
+    built += named
+    others += held_bytes(config, role, target, _mesh_of(found.overrides, role))
+  (alone,) = solver.programs
+  beside = dataclasses.replace(alone, name="sample (solver, in kace_build)", resident=others)
+  if beside.peak > budget:  # fewer solver rows (or another mesh) with the build roles resident
+    rows = overrides["roles.solver.sampler.max_rows"]
+    again = search(
+      config, "solver", target, budget, most=rows, resident=others, prompt_tokens=prompt_tokens,
+      search_mesh=search_mesh,
+    )  # fmt: skip
+    tried += [f"kace_build: {t}" for t in again.tried]
+    if not again.fits:
+      notes.append("kace_build: no solver candidate fits beside the build roles; serve them (kind openai)")
+      return Choice(overrides=overrides, programs=[*programs, *built], fits=False, tried=tuple(tried),
+                    notes=tuple(notes))  # fmt: skip
+    flags = " ".join(f"--config.{k}={v}" for k, v in solver.overrides.items())
+    notes.append(
+      f"kace_eval alone fits {rows} solver rows ({alone.peak / plan_lib.GiB:.1f} GiB: {flags}); the preset "
+      f"carries kace_build's {again.overrides['roles.solver.sampler.max_rows']}, so both launchers fit"
+    )
+    overrides |= again.overrides
+    (beside,) = [dataclasses.replace(p, name="sample (solver, in kace_build)") for p in again.programs]
+    alone = dataclasses.replace(beside, name="sample", resident=0)
+    # The build roles were planned beside the first mesh's solver: now beside this one's.
+    moved = held_bytes(config, "solver", target, _mesh_of(overrides, "solver")) - held
+    built = [dataclasses.replace(p, resident=p.resident + moved) for p in built]
+  programs = [alone, *built, beside]
+  fits = all(p.peak <= budget for p in programs)
+  if not fits:
+    notes.append("kace_build: a build role no longer fits beside the solver's new mesh")
   return Choice(overrides=overrides, programs=programs, fits=fits, tried=tuple(tried), notes=tuple(notes))
 
 

@@ -118,19 +118,21 @@ def _commit() -> str:
   return head + ("+dirty" if head and dirty else "")
 
 
-# The modules whose code (and every first-party module they import) makes a plan: a record's `key`.
-PLANNERS = ("lm.plan", "kace.plan", "dpa_grpo.plan")
+# The modules whose code (and every first-party module they import) makes a job's plans: a record's
+# `planner` digest and `key`. Per job, so that changing one paper's planner leaves the other's records
+# current.
+PLANNERS = {"dpa_grpo": ("lm.plan", "dpa_grpo.plan"), "kace": ("lm.plan", "kace.plan")}
 
 
-def plan_key(config: dict, target: str, options: dict) -> str:
-  """The key of a (preset config, target) plan: changes with the planning code (`PLANNERS`' import
+def plan_key(config: dict, target: str, options: dict, planners: tuple[str, ...]) -> str:
+  """The key of a (preset config, target) plan: changes with the planning code (`planners`' import
   closure), the resolved config, the target, the options and the compiler's version, nothing else."""
   import jax
 
   blob = json.dumps(
     {"config": config, "target": target, "jax": jax.__version__, **options}, sort_keys=True, default=str
   )
-  return code_digest.cache_key(blob, PLANNERS)
+  return code_digest.cache_key(blob, planners)
 
 
 def planned_keys(path: str) -> set[str]:
@@ -197,8 +199,9 @@ def main(argv):
   commit = _commit()  # the code that runs, read before the compiles (edits made meanwhile are not theirs)
   options = dict(headroom=_HEADROOM.value, sample=_SAMPLE.value, search_mesh=_SEARCH_MESH.value)
   done = planned_keys(_SKIP_PLANNED.value)
-  planner = code_digest.source_digest(PLANNERS)[:12]  # the planning code alone (the key adds the rest)
-  keys = {name: plan_key(_CONFIG.value.to_dict(), name, options) for name in names}
+  planners = PLANNERS["kace" if kace else "dpa_grpo"]
+  planner = code_digest.source_digest(planners)[:12]  # the planning code alone (the key adds the rest)
+  keys = {name: plan_key(_CONFIG.value.to_dict(), name, options, planners) for name in names}
   for name in names:  # a compiler missing stops before any compile (a failure record needs none)
     missing = (
       None if keys[name] in done or _FAILED.value else missing_backend(plan_lib.TARGETS[name].platform)

@@ -768,11 +768,14 @@ def render(records: list[dict], *, date: str) -> str:
     "`max_rows`, a prompt of `learn.failures_per_prompt` failed traces of `learn.attempt_tokens` beside",
     "2,048 tokens and `role_sampling.max_tokens` new ones, with the solver's weights and sampler copies",
     "resident (`sample (teacher, curator)`), and the solver's program again with theirs resident",
-    "(`sample (solver, in kace_build)`): kace_build keeps every role it loads. The",
+    "(`sample (solver, in kace_build)`): kace_build keeps every role it loads. Where that does not fit,",
+    "the solver is searched again beside them, and the preset carries the rows both launchers fit (the",
+    "notes give kace_eval's own). Candidates whose weights and KV cache alone exceed the budget are not",
+    "compiled (the tried lines say so). The",
     "notes give the prompt rows compiled (the sampler buckets them). A target's devices: a v5p-N name",
     "counts TensorCores (v5p-8 = 4 chips, v5p-64 = 32 chips). `--config=<file>:<preset>@<target>`",
-    "applies a target's fitting overrides (the `TARGETS` tables of configs/dpa_grpo.py and",
-    "configs/kace.py, checked against these records by tests/configs/targets_test.py). The GPU",
+    "applies a target's fitting overrides (configs/plan_targets.json, which `launch.plan --render`",
+    "writes beside this table from the same records; tests/configs/targets_test.py checks both). The GPU",
     "targets' DPA-GRPO presets train with cuDNN's fused attention, which a deviceless compile cannot",
     "lower (no cuDNN library): their rows compile the blockwise attention in its place (an H200's own",
     "compiles: 119.1 GiB with cuDNN against 117.5 blockwise, the 4B step at 16 pairs;",
@@ -828,13 +831,14 @@ def render(records: list[dict], *, date: str) -> str:
     out += ["", "Overrides the plan chose (`--config.*`):", "", *flags_by_target, ""]
     if missing:
       out += [f"Not in these records (not planned in this run): {', '.join(missing)}.", ""]
-  planners: dict[str, list[str]] = {}
-  for r in records:
-    planners.setdefault(r.get("planner", "none recorded"), []).append(f"{r['target']} ({r['preset']})")
-  if len(planners) == 1 and "none recorded" not in planners:
-    (only,) = planners
-    out += [f"Every record above was planned by one planning code: `planner` {only} (launch/plan.py).", ""]
-  else:
-    out += ["The records above come from more than one planning code (`planner`, launch/plan.py):", ""]
-    out += [f"- {p}: {', '.join(names)}" for p, names in planners.items()] + [""]
+    planners: dict[str, list[str]] = {}
+    for r in records:
+      if r["preset"] == preset:
+        planners.setdefault(r.get("planner", "none recorded"), []).append(r["target"])
+    if len(planners) == 1 and "none recorded" not in planners:
+      (only,) = planners
+      out += [f"Every record above was planned by one planning code: `planner` {only} (launch/plan.py).", ""]
+    else:
+      out += ["The records above come from more than one planning code (`planner`, launch/plan.py):", ""]
+      out += [f"- {p}: {', '.join(names)}" for p, names in planners.items()] + [""]
   return "\n".join(out) + "\n"

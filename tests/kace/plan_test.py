@@ -60,12 +60,35 @@ def test_identical_teacher_and_curator_are_one_model_planned_beside_the_solver()
 
 def test_a_teacher_that_fits_nowhere_beside_the_solver_says_to_serve_it():
   config = _tiny()
+  config["learn"]["attempt_tokens"] = 1 << 16  # its failed traces: a KV cache of 2 x 128K slots a row
   probe = plan_lib.cpu_target(8, 2**30)
   alone = kace_plan.choose(_tiny(teacher=False), probe, prompt_tokens=16, most=8, headroom=0.0)
-  # A budget the solver alone fits, with less room beside it than the teacher's weights need.
+  target = plan_lib.cpu_target(8, alone.programs[0].peak + 1)  # the solver's, with no room for that
+  choice = kace_plan.choose(config, target, prompt_tokens=16, most=8, headroom=0.0)
+  assert not choice.fits and [p.name for p in choice.programs] == ["sample"]
+  assert choice.overrides == alone.overrides  # kace_eval's plan stands; no teacher override
+  assert any("fits no candidate beside the solver; serve it" in n for n in choice.notes), choice.notes
+  assert all("not compiled" in t for t in choice.tried if t.startswith("teacher: "))
+
+
+def test_where_the_solver_does_not_fit_beside_the_teacher_the_preset_carries_rows_that_do():
+  """One preset serves kace_eval and kace_build: where the solver's own best (8 rows, data parallel)
+  does not fit beside the teacher's weights, the plan searches the solver again with them resident,
+  and the notes keep kace_eval's own."""
+  config = _tiny()
+  probe = plan_lib.cpu_target(8, 2**30)
+  alone = kace_plan.choose(_tiny(teacher=False), probe, prompt_tokens=16, most=8, headroom=0.0)
+  assert alone.overrides["roles.solver.mesh.data"] == 8  # the first candidate, data parallel
   target = plan_lib.cpu_target(8, alone.programs[0].peak + 1)
   choice = kace_plan.choose(config, target, prompt_tokens=16, most=8, headroom=0.0)
+  budget = plan_lib.budget(target, 0.0)
+  assert choice.fits and all(p.peak <= budget for p in choice.programs)
+  assert kace_plan._mesh_of(choice.overrides, "solver") != kace_plan._mesh_of(alone.overrides, "solver")
+  assert any(n.startswith("kace_eval alone fits 8 solver rows") for n in choice.notes), choice.notes
+  solver, taught, beside = choice.programs
+  teacher_mesh = kace_plan._mesh_of(choice.overrides, "teacher")
   assert (
-    not choice.fits and choice.programs[0].name == "sample" and choice.programs[0].peak <= target.hbm_bytes
+    beside.resident == kace_plan.held_bytes(config, "teacher", target, teacher_mesh) and solver.resident == 0
   )
-  assert any("serve it" in n or "needs fewer solver rows" in n for n in choice.notes), choice.notes
+  solver_mesh = kace_plan._mesh_of(choice.overrides, "solver")
+  assert taught.resident == kace_plan.held_bytes(config, "solver", target, solver_mesh)

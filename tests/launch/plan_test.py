@@ -9,14 +9,17 @@ from absl.testing import flagsaver
 from launch import plan as launch_plan
 from lm import plan as plan_lib
 
+KACE = launch_plan.PLANNERS["kace"]
+
 
 def test_the_key_changes_with_config_target_and_options_and_nothing_else():
   config = {"a": 1, "b": [1, 2]}
-  key = launch_plan.plan_key(config, "v5p-8", {"headroom": 0.1})
-  assert key == launch_plan.plan_key({"b": [1, 2], "a": 1}, "v5p-8", {"headroom": 0.1})
-  assert key != launch_plan.plan_key({**config, "a": 2}, "v5p-8", {"headroom": 0.1})
-  assert key != launch_plan.plan_key(config, "v5p-64", {"headroom": 0.1})
-  assert key != launch_plan.plan_key(config, "v5p-8", {"headroom": 0.2})
+  key = launch_plan.plan_key(config, "v5p-8", {"headroom": 0.1}, KACE)
+  assert key == launch_plan.plan_key({"b": [1, 2], "a": 1}, "v5p-8", {"headroom": 0.1}, KACE)
+  assert key != launch_plan.plan_key({**config, "a": 2}, "v5p-8", {"headroom": 0.1}, KACE)
+  assert key != launch_plan.plan_key(config, "v5p-64", {"headroom": 0.1}, KACE)
+  assert key != launch_plan.plan_key(config, "v5p-8", {"headroom": 0.2}, KACE)
+  assert key != launch_plan.plan_key(config, "v5p-8", {"headroom": 0.1}, launch_plan.PLANNERS["dpa_grpo"])
 
 
 def test_a_rerun_skips_what_the_records_hold_under_its_key_but_not_failures(tmp_path, capsys):
@@ -43,10 +46,12 @@ def test_a_rerun_skips_what_the_records_hold_under_its_key_but_not_failures(tmp_
   assert "already planned" in capsys.readouterr().out and len(out.read_text().splitlines()) == 2
 
 
-def test_the_table_says_whether_one_planning_code_made_its_records():
+def test_the_table_says_whether_one_planning_code_made_each_presets_records():
   base = {"preset": "p", "platform": "tpu", "devices": 8, "hbm_gib": 16.0, "headroom": 0.1, "fits": False}
   one = [{**base, "target": t, "error": "x", "planner": "abc"} for t in ("v5e-8", "v5p-8")]
-  assert "one planning code: `planner` abc" in plan_lib.render(one, date="d")
+  other = {**base, "preset": "q", "target": "v5e-8", "error": "x", "planner": "xyz"}  # another job's planner
+  text = plan_lib.render([*one, other], date="d")
+  assert "one planning code: `planner` abc" in text and "one planning code: `planner` xyz" in text
   two = [one[0], {**one[1], "planner": "def"}]
   text = plan_lib.render(two, date="d")
-  assert "more than one planning code" in text and "- def: v5p-8 (p)" in text
+  assert "more than one planning code" in text and "- def: v5p-8" in text

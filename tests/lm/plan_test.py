@@ -135,12 +135,27 @@ def test_choose_halves_the_sampler_rows_until_they_fit_and_fits_covers_the_sampl
     return [_program("sample", sampler_peak.get(exp.sampler.max_rows, 500))]
 
   monkeypatch.setattr(dpa_plan, "programs", programs)
+  monkeypatch.setattr(plan_lib, "sampler_floor", lambda *_: 0)  # bytes-sized budgets: no floor
   config = dpa_configs.get_config("tiny").to_dict()
   target = plan_lib.cpu_target(1, 100)
   choice = dpa_plan.choose(config, target, headroom=0.5)  # a budget of 50 bytes
   assert choice.fits and choice.overrides["sampler.max_rows"] == 32
   assert [t.split(":")[0] for t in choice.tried] == [f"sampler at {r} rows" for r in (256, 128, 64)]
+  assert not any("not compiled" in t for t in choice.tried)
+  # A row count whose weights and KV cache alone exceed the budget is not compiled at all.
+  compiled = []
+  monkeypatch.setattr(plan_lib, "sampler_floor", lambda cfg, dtype, shape, rows, slots: rows // 2)
+
+  def counted(exp, *args, train=True, **kwargs):
+    compiled.extend([] if train else [exp.sampler.max_rows])
+    return programs(exp, *args, train=train, **kwargs)
+
+  monkeypatch.setattr(dpa_plan, "programs", counted)
+  choice = dpa_plan.choose(config, target, headroom=0.5)
+  assert choice.fits and choice.overrides["sampler.max_rows"] == 32 and compiled == [64, 32]
+  assert [t.split(": ")[1].startswith("not compiled") for t in choice.tried] == [True, True, False]
   sampler_peak.clear()  # no row count fits: the plan does not fit, though its training programs do
+  monkeypatch.setattr(plan_lib, "sampler_floor", lambda *_: 0)
   choice = dpa_plan.choose(config, target, headroom=0.5)
   assert not choice.fits and choice.overrides["sampler.max_rows"] == 1
 
