@@ -17,7 +17,7 @@ from configs import kace as kace_configs
 from configs import plan_targets
 from dpa_grpo import config as config_lib
 from kace.config import KaceConfig
-from launch import plan as launch_plan
+from launch import plan_records
 from lm import plan as plan_lib
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -51,7 +51,7 @@ def _get(config: dict, dotted: str):
 
 def test_the_targets_file_is_what_the_plan_renders_from_its_records():
   """Written by `launch.plan --render`, never by hand: rendered again from the records, it is equal."""
-  assert json.loads(pathlib.Path(plan_targets.PATH).read_text()) == launch_plan.targets_table(
+  assert json.loads(pathlib.Path(plan_targets.PATH).read_text()) == plan_records.targets_table(
     list(_records())
   )
 
