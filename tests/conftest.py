@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -85,3 +87,15 @@ def pytest_collection_modifyitems(config, items):
     )
 
   items.sort(key=rank)  # stable: a module's other tests stay together and in their order
+
+
+@pytest.fixture
+def no_persistent_cache():
+  """Compiles that are never run (the plan's tests) kept out of JAX's persistent cache, whose read and
+  write (the executable's (de)serialisation) crashed a worker in full suite runs (2026-12-04 a
+  write, 2026-12-05 a read) and not when rerun alone."""
+  import jax
+
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", True)

@@ -1,7 +1,6 @@
 """KACE's plan (`kace.plan.choose`): the teacher and curator planned beside the solver (what
 `launch.kace_build` holds at once), on this host's 8 CPU devices with tiny models."""
 
-import jax
 import pytest
 
 from configs import kace as kace_configs
@@ -27,12 +26,7 @@ def _tiny(teacher: bool = True, curator_same: bool = True) -> dict:
   return config
 
 
-@pytest.fixture(autouse=True)
-def _no_persistent_cache():
-  # Compiled, never run: kept out of the persistent cache (tests/lm/plan_mesh_test.py says why).
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", True)
+pytestmark = pytest.mark.usefixtures("no_persistent_cache")  # compiled, never run (tests/conftest.py)
 
 
 def test_identical_teacher_and_curator_are_one_model_planned_beside_the_solver():

@@ -2,7 +2,6 @@
 preset's mesh first, then every (data, fsdp, tp) factorisation, least communication first; a mesh
 that fits is found where the preset's own does not (compiled at tiny size on 8 CPU devices)."""
 
-import jax
 import pytest
 
 from configs import dpa_grpo as dpa_configs
@@ -18,14 +17,7 @@ def _shapes(meshes, devices):
   return [m.shape(devices) for m, _ in meshes]
 
 
-@pytest.fixture(autouse=True)
-def _no_persistent_cache():
-  # Compiled, never run: kept out of the persistent cache, whose read and write (the executable's
-  # (de)serialisation) crashed a worker in full suite runs (2026-12-04 a write, 2026-12-05 a read)
-  # and not when rerun alone.
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", True)
+pytestmark = pytest.mark.usefixtures("no_persistent_cache")  # compiled, never run (tests/conftest.py)
 
 
 def test_candidates_start_with_the_presets_mesh_then_least_communication_first():
