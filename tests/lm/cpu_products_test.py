@@ -119,3 +119,41 @@ def test_a_bf16_model_on_one_cpu_keeps_a_float32_cache_and_samples_at_a_real_sha
   first = [lp[0][0] for lp in outputs[None].logprobs]
   np.testing.assert_allclose(first, [lp[0][0] for lp in outputs[jnp.bfloat16].logprobs], atol=0.05)
   assert all(len(t[0]) == 8 for t in outputs[None].tokens)
+
+
+def _whole_table_fusions(text: str, shape: str) -> int:
+  """Top-level instructions of a compiled program producing a float32 table of `shape`: a convert
+  of the whole table (inside a fused gather the convert is a `convert(`, not a `fusion(`)."""
+  return sum(f"= f32[{shape}]" in line and " fusion(" in line for line in text.splitlines())
+
+
+def test_a_bf16_decode_loop_on_cpu_never_converts_the_whole_embedding_table(monkeypatch):
+  # `lm.model.embed`: without its barrier XLA:CPU hoists convert(bf16 table -> f32) out of the
+  # decode loop, a float32 copy of the whole table every call (381 ms of a bf16 first token at
+  # Qwen3-0.6B's vocabulary). The control (the plain gather) shows the check can see the hoist.
+  model_config = ModelConfig.tiny_qwen3(vocab_size=8192)
+  model = Qwen(model_config, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
+  prompts = np.random.RandomState(0).randint(10, 8192, (2, 8)).tolist()
+  shape = f"8192,{model_config.hidden_size}"
+
+  def decode_text(sampler) -> str:
+    return sampler.lowered(prompts, max_new_tokens=4)["decode"].compile().as_text()
+
+  sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cpu_gemm_threads=0))
+  assert _whole_table_fusions(decode_text(sampler), shape) == 0
+  got = sampler.generate(prompts, max_new_tokens=4, temperature=0.0)
+
+  def fresh_programs():  # the sampler's programs are cached per graph: trace them again
+    sampler_lib._generate_fn.cache_clear()
+    sampler_lib._prefill_fn.cache_clear()
+    jax.clear_caches()
+
+  plain = lambda table, tokens, dtype: jnp.take(table, tokens, axis=0).astype(dtype)
+  monkeypatch.setattr(model_lib, "embed", plain)
+  fresh_programs()
+  try:
+    control = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cpu_gemm_threads=0))
+    assert _whole_table_fusions(decode_text(control), shape) >= 1
+    assert control.generate(prompts, max_new_tokens=4, temperature=0.0).tokens == got.tokens
+  finally:
+    fresh_programs()
