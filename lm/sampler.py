@@ -279,7 +279,10 @@ class Sampler:
       batch_multiple=_batch_multiple(self.mesh, self.sharding),
     )  # fmt: skip
     inputs = self._place(inputs)
-    steps = round_up(max(params["max_new_tokens"]), self.config.step_bucket)
+    # One new token is a bucket of its own: `begin` gives it from the prefill's logits, with no
+    # loop and no cache grown for steps that never run (a first token's time, as a stream has it).
+    longest = max(params["max_new_tokens"])
+    steps = 1 if longest == 1 else round_up(longest, self.config.step_bucket)
     fn = _generate_fn(
       self._graphdef,
       n,
@@ -958,7 +961,7 @@ def _generate_fn(
   def generate(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings):
     model, layer_weights = weights_of(state, layer_weights)
     loop, rows = begin(state, head_dv, layer_weights, cache, last_logits, tokens, mask, **settings)
-    for phase in range(len(ends)):
+    for phase in range(len(ends) if steps > 1 else 0):  # steps 1: `begin` chose the only token
       loop = advance(model, layer_weights, head_dv, rows, loop, phase)
     return finish(loop, rows)
 

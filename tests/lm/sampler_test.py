@@ -298,3 +298,21 @@ def test_samples_sharing_their_prompts_cache_equal_samples_with_copies_of_it(che
     np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)
   assert shared.tokens[0] == [_hf_greedy(hf_model, PROMPTS[:1], 40, eos_id=-1)[0]] * 3
   assert len({tuple(t) for t in shared.tokens[1]}) > 1  # the sampled rows differ
+
+
+def test_one_new_token_is_the_first_token_of_a_longer_call_without_a_loop(checkpoint):
+  # max_new_tokens 1 is a step bucket of its own (`Sampler._prepare`): `begin` alone, no decode loop
+  # and no cache grown for it; its token, log-prob and finish reason are a longer call's first.
+  _, model = checkpoint
+  sampler = sampler_lib.Sampler(model)
+  longer = sampler.generate(PROMPTS, max_new_tokens=6, temperature=0.0)
+  eos = longer.tokens[1][0][0]  # the second prompt's first token ends that row at once
+  one = sampler.generate(PROMPTS, max_new_tokens=1, temperature=0.0, eos_ids=[eos])
+  for row in (0, 2):
+    assert one.tokens[row][0] == longer.tokens[row][0][:1]
+    np.testing.assert_allclose(one.logprobs[row][0], longer.logprobs[row][0][:1], atol=1e-5)
+    assert one.finish_reasons[row][0] == "length"
+  assert one.tokens[1][0] == [] and one.finish_reasons[1][0] == "stop"
+  # no decode loop in the one-token program (its other loops are the sampling's random bits)
+  text = {n: sampler.lowered(PROMPTS, max_new_tokens=n)["decode"].compile().as_text() for n in (1, 2)}
+  assert text[1].count(" while(") < text[2].count(" while(")
