@@ -28,7 +28,9 @@
 // chunks already being computed), and one busy core slows a product down instead of stalling it.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -68,6 +70,7 @@ constexpr bool kChunkOuter = false;        // per block, every row group over ev
 #endif
 constexpr int kMaxTileRows = 6;            // rows per register tile (6 x 4 zmm / 6 x 2 ymm)
 constexpr int64_t kMaxChunkCols = 4096;    // most columns in one claimed work chunk
+constexpr float kNegInf = -0.7f * 3.4028234663852886e38f;  // a masked score (lm.model._NEG_INF)
 
 // y[0:MT, 0:B] (+)= x[0:MT, 0:kn] @ w[0:kn, 0:B] (B = kBlock); x[m, k] at x[m * ldx + k * ldk]
 // (row-major x, or a packed k-major panel), w contiguous (row stride B) of float32 or bfloat16
@@ -266,20 +269,40 @@ void columns(const Problem<W>& p, int64_t c0, int64_t c1) {
       block_rows(p, c, k0, std::min(p.k, k0 + kc), k0 > 0, partial.get(), nullptr);
 }
 
-// Work shared by the caller and the pool's tasks; owned jointly so a late task finds it alive.
-template <typename W>
-struct Shared {
-  Problem<W> p;
-  int64_t chunk_cols, chunks;
+// Runs body(0..chunks-1) on the caller and on up to `helpers` tasks of XLA's intra-op pool. Chunks
+// are claimed dynamically; the work is owned jointly so a late task finds it alive. A task that
+// starts late finds no chunk left, so the caller never waits for a thread that has not started
+// (only for chunks already being computed), and one busy core slows the call instead of stalling it.
+struct Chunks {
+  std::function<void(int64_t)> body;
+  int64_t chunks = 0;
   std::atomic<int64_t> next{0}, done{0};
   void work() {
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      const int64_t c0 = i * chunk_cols, c1 = std::min(p.n, (i + 1) * chunk_cols);
-      columns(p, c0, c1);
+      body(i);
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
+
+void ParallelChunks(ffi::ThreadPool& pool, int64_t helpers, int64_t chunks, std::function<void(int64_t)> body) {
+  auto shared = std::make_shared<Chunks>();
+  shared->body = std::move(body);
+  shared->chunks = chunks;
+  for (int64_t t = 0; t < std::min(helpers, chunks - 1); ++t) pool.Schedule([shared] { shared->work(); });
+  shared->work();
+  // Every chunk is claimed now; wait for those another thread is still computing.
+  for (int64_t spins = 0; shared->done.load(std::memory_order_acquire) < shared->chunks; ++spins)
+    if (spins > 1000) std::this_thread::yield();
+}
+
+// Threads a call uses in all, the caller among them: `threads` < 0 as many as XLA's intra-op pool
+// has (every core by default), never more than the pool plus the caller, nor than `most`.
+int64_t TotalThreads(ffi::ThreadPool& pool, int64_t threads, int64_t most) {
+  const int64_t pool_threads = pool.num_threads();
+  const int64_t total = threads < 0 ? std::max<int64_t>(pool_threads, 1) : threads;
+  return std::max<int64_t>(1, std::min({total, pool_threads + 1, most}));
+}
 
 // Computes p (its tile rows set here) on the caller and, with threads, on XLA's intra-op pool.
 template <typename W>
@@ -292,29 +315,19 @@ ffi::Error Run(Problem<W> p, ffi::ThreadPool& pool, int64_t threads) {
   // Rows split evenly over the fewest tiles (8 rows: 4 + 4, not 6 + 2).
   const int64_t groups = (p.m + kMaxTileRows - 1) / kMaxTileRows;
   p.tile_rows = (p.m + groups - 1) / groups;
-  // threads < 0: as many as XLA's intra-op pool has (every core by default), the caller among them;
-  // never more than one per 256 columns (below that a chunk costs more to hand over than to compute).
-  const int64_t pool_threads = pool.num_threads();
-  int64_t total = threads < 0 ? std::max<int64_t>(pool_threads, 1) : threads;
-  total = std::min({total, pool_threads + 1, (p.n + 255) / 256});
-  const int64_t helpers = total - 1;
-  auto shared = std::make_shared<Shared<W>>();
-  shared->p = p;
+  // Never more than one thread per 256 columns (below that a chunk costs more to hand over than
+  // to compute).
+  const int64_t helpers = TotalThreads(pool, threads, (p.n + 255) / 256) - 1;
   if (helpers <= 0) {
-    shared->chunk_cols = p.n;
-    shared->chunks = 1;
-    shared->work();
+    columns(p, 0, p.n);
     return ffi::Error::Success();
   }
   // At least 4 chunks a thread, so a slow thread's share is taken over; whole blocks of 64.
   const int64_t per = (p.n + 4 * (helpers + 1) - 1) / (4 * (helpers + 1));
-  shared->chunk_cols = std::min<int64_t>(kMaxChunkCols, std::max<int64_t>(kBlock, (per + kBlock - 1) / kBlock * kBlock));
-  shared->chunks = (p.n + shared->chunk_cols - 1) / shared->chunk_cols;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([shared] { shared->work(); });
-  shared->work();
-  // Every chunk is claimed now; wait for those another thread is still computing.
-  for (int64_t spins = 0; shared->done.load(std::memory_order_acquire) < shared->chunks; ++spins)
-    if (spins > 1000) std::this_thread::yield();
+  const int64_t cols = std::min<int64_t>(kMaxChunkCols, std::max<int64_t>(kBlock, (per + kBlock - 1) / kBlock * kBlock));
+  ParallelChunks(pool, helpers, (p.n + cols - 1) / cols, [p, cols](int64_t i) {
+    columns(p, i * cols, std::min(p.n, (i + 1) * cols));
+  });
   return ffi::Error::Success();
 }
 
@@ -338,6 +351,75 @@ ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   return Run(p, pool, threads);
 }
 
+// One decode step's attention for one (row, kv head): the G queries sharing that kv head over its
+// S cached keys and values, scores and softmax in float32. Each key and value is read once for all
+// G queries, so the step streams the cache once (XLA:CPU's fused multiply-reduce over
+// [B, K, G, S, H] ran at ~5x the bytes' time: 12 + 6 ms of a 76 ms bf16 step at Qwen3-0.6B's
+// shape, docs/results/2026-12-05-bf16-first-token.md).
+void DecodeHead(const float* q, const float* k, const float* v, const bool* mask, float* out,
+                int64_t g, int64_t s, int64_t h, float scale, float* scores) {
+  for (int64_t j = 0; j < g; ++j) {
+    float* row = scores + j * s;
+    const float* qj = q + j * h;
+    for (int64_t t = 0; t < s; ++t) {
+      const float* kt = k + t * h;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t e = 0; e < h; ++e) dot += qj[e] * kt[e];
+      row[t] = mask[t] ? dot * scale : kNegInf;
+    }
+    float top = row[0];
+    for (int64_t t = 1; t < s; ++t) top = std::max(top, row[t]);
+    float total = 0.f;
+    for (int64_t t = 0; t < s; ++t) total += (row[t] = std::exp(row[t] - top));
+    const float inv = 1.f / total;
+    for (int64_t t = 0; t < s; ++t) row[t] *= inv;  // the probabilities, as the model's softmax
+  }
+  std::fill(out, out + g * h, 0.f);
+  for (int64_t t = 0; t < s; ++t) {
+    const float* vt = v + t * h;
+    for (int64_t j = 0; j < g; ++j) {
+      const float p = scores[j * s + t];
+      float* oj = out + j * h;
+#pragma omp simd
+      for (int64_t e = 0; e < h; ++e) oj[e] += p * vt[e];
+    }
+  }
+}
+
+// q [B, K, G, H], k and v [B, K, S, H] (the cache), mask [B, S] -> out [B, K, G, H], all float32
+// but the mask; (row, kv head) pairs split over the threads.
+ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                               ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask,
+                               ffi::ResultBuffer<ffi::F32> out, float scale, int64_t threads) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 2 || kd[0] != qd[0] ||
+      kd[1] != qd[1] || kd[3] != qd[3] || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] ||
+      vd[3] != kd[3] || md[0] != qd[0] || md[1] != kd[2])
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_decode_attention: q must be [B, K, G, H], k and v [B, K, S, H], mask [B, S]");
+  const int64_t b = qd[0], heads = qd[1], g = qd[2], h = qd[3], s = kd[2];
+  if (b * heads * g * h == 0) return ffi::Error::Success();
+  if (s == 0) return ffi::Error::InvalidArgument("lm_cpu_decode_attention: no keys (S = 0)");
+  const float* qp = q.typed_data();
+  const float* kp = k.typed_data();
+  const float* vp = v.typed_data();
+  const bool* mp = mask.typed_data();
+  float* op = out->typed_data();
+  auto pair = [=](int64_t i) {  // i = row * heads + head
+    std::unique_ptr<float[]> scores(new float[g * s]);
+    DecodeHead(qp + i * g * h, kp + i * s * h, vp + i * s * h, mp + (i / heads) * s, op + i * g * h, g, s, h,
+               scale, scores.get());
+  };
+  const int64_t helpers = TotalThreads(pool, threads, b * heads) - 1;
+  if (helpers <= 0) {
+    for (int64_t i = 0; i < b * heads; ++i) pair(i);
+  } else {
+    ParallelChunks(pool, helpers, b * heads, pair);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // The packed layout's block width this build multiplies by (`lm/cpu_gemm.py` packs to it).
@@ -357,4 +439,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16, PackedGemmImpl<ffi::BF16>,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));

@@ -42,7 +42,12 @@ _log = logging.getLogger(__name__)
 SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 TARGET = "lm_cpu_gemm_packed_f32"
 TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 weights
-_SYMBOLS = {TARGET: "LmCpuGemmPackedF32", TARGET_BF16: "LmCpuGemmPackedBF16"}
+TARGET_ATTENTION = "lm_cpu_decode_attention"  # a decode step's attention over a float32 cache
+_SYMBOLS = {
+  TARGET: "LmCpuGemmPackedF32",
+  TARGET_BF16: "LmCpuGemmPackedBF16",
+  TARGET_ATTENTION: "LmCpuDecodeAttention",
+}
 DTYPES = (jnp.float32, jnp.bfloat16)  # the weight dtypes the kernel packs
 # Above this many rows a bfloat16 product runs XLA's dot on the packed blocks, not the kernel: XLA
 # gives it to oneDNN, whose bf16 instructions (AVX512_BF16, AMX) outrun the kernel's widened
@@ -51,6 +56,7 @@ DTYPES = (jnp.float32, jnp.bfloat16)  # the weight dtypes the kernel packs
 # 128: 118 vs 296; docs/results/2026-12-04-bf16-cpu.md).
 KERNEL_MAX_ROWS_BF16 = 24
 DEFAULT_BLOCK = 64  # columns per block where no library is loaded (a packed weight is then unpacked)
+_NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # a masked score, as `lm.model`'s
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
 
 
@@ -129,6 +135,8 @@ def _loaded_block() -> int | None:
     _log.info("lm.cpu_gemm: %s is not built (python -m lm.cpu_gemm); decode uses XLA's dot", path)
     return None
   register(TARGET_BF16, path, "bfloat16")
+  attention = ctypes.cdll.LoadLibrary(str(path)).LmCpuDecodeAttention
+  jax.ffi.register_ffi_target(TARGET_ATTENTION, jax.ffi.pycapsule(attention), platform="cpu")
   return register(TARGET, path)
 
 
@@ -237,6 +245,38 @@ def call(target: str, rows: Array, blocks: Array, threads: int, n: int) -> Array
   (B its library's block width)."""
   out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
   return jax.ffi.ffi_call(target, out)(rows, blocks, threads=np.int64(threads))
+
+
+def decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, threads: int = -1) -> Array:
+  """One decode step's grouped-query attention over a float32 cache, by the library's kernel:
+  q [B, K, G, H], k and v [B, K, S, H] float32, mask [B, S] (True where a key may be read) ->
+  [B, K, G, H] float32; scores (times `scale`) and softmax in float32, each key and value read
+  once for the G queries of its kv head (`lm/cpu_gemm.cc` DecodeAttentionImpl). Call only where
+  `available()`; `lm.model.attention` does, for a decode step traced for XLA:CPU. Traced for
+  another platform, it is the model's own multiply-reduce (`reference_decode_attention`)."""
+  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+
+  def kernel(q, k, v, mask):
+    call = jax.ffi.ffi_call(TARGET_ATTENTION, out)
+    return call(q, k, v, mask, scale=np.float32(scale), threads=np.int64(threads))
+
+  def default(q, k, v, mask):
+    return reference_decode_attention(q, k, v, mask, scale)
+
+  args = (q.astype(jnp.float32), k, v, mask.astype(bool))
+  return jax.lax.platform_dependent(*args, cpu=kernel, default=default)
+
+
+def reference_decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
+  """`decode_attention` in XLA's ops: q [B, K, G, H] against k, v [B, K, S, H], mask [B, S] ->
+  [B, K, G, H] float32, scores and products as multiply-reduces in float32 (XLA:CPU runs a batched
+  [G, H] x [H, S] product as a slow generic dot; see `lm.model.attention`)."""
+  products = q[:, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)  # [B, K, G, S, H]
+  scores = jnp.sum(products, axis=-1) * scale  # [B, K, G, S]
+  scores = jnp.where(mask[:, None, None, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  weighted = probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)  # [B, K, G, S, H]
+  return jnp.sum(weighted, axis=3)
 
 
 def main() -> None:

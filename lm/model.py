@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lm import cpu_gemm
 from lm.config import ModelConfig
 
 Array = jax.Array
@@ -54,10 +55,32 @@ def lowering_for(platform: str):
     _PLATFORM.reset(token)
 
 
+# Threads of `lm.cpu_gemm`'s decode attention kernel for the decode steps traced in
+# `cpu_decode_attention` (the sampler's, with its `cpu_gemm_threads`); 0 (every other trace): the
+# model's own multiply-reduce.
+_DECODE_ATTENTION_THREADS = contextvars.ContextVar("lm_model_decode_attention_threads", default=0)
+
+
+@contextlib.contextmanager
+def cpu_decode_attention(threads: int):
+  """Decode steps traced inside this block for XLA:CPU over a float32 cache run `lm.cpu_gemm`'s
+  attention kernel with `threads` (as `cpu_gemm.matmul`'s: -1 every core of XLA's pool, 0 off),
+  where its library is loaded (`decode_attention`)."""
+  token = _DECODE_ATTENTION_THREADS.set(threads)
+  try:
+    yield
+  finally:
+    _DECODE_ATTENTION_THREADS.reset(token)
+
+
+def _for_cpu() -> bool:
+  """Whether the trace is for XLA:CPU: this process's backend, or the platform a plan lowers for."""
+  return (_PLATFORM.get() or jax.default_backend()) == "cpu"
+
+
 def _cpu_bf16(a: Array, b: Array) -> bool:
   """Whether a product of a and b is a bfloat16 one traced for XLA:CPU (`contract`)."""
-  cpu = (_PLATFORM.get() or jax.default_backend()) == "cpu"
-  return cpu and a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
+  return _for_cpu() and a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
 
 
 def embed(table_vd: Array, tokens: Array, dtype: Any) -> Array:
@@ -73,8 +96,7 @@ def embed(table_vd: Array, tokens: Array, dtype: Any) -> Array:
   4-row gathers from that table in a loop). The values and the gradient are `jnp.take`'s; other
   platforms' programs are unchanged.
   """
-  cpu = (_PLATFORM.get() or jax.default_backend()) == "cpu"
-  if cpu and table_vd.dtype == jnp.bfloat16:
+  if _for_cpu() and table_vd.dtype == jnp.bfloat16:
     table_vd, tokens = jax.lax.optimization_barrier((table_vd, tokens))
   return jnp.take(table_vd, tokens, axis=0).astype(dtype)
 
@@ -383,31 +405,59 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
   b, t, n, h = q.shape
   kv_heads = k.shape[1]
   q = q.reshape(b, t, kv_heads, n // kv_heads, h)  # [B, T, K, G, H]
+  if t == 1:  # a decode step
+    return (
+      decode_attention(q[:, 0], k, v, jnp.broadcast_to(mask, (b, 1, k.shape[2]))[:, 0], h**-0.5)
+      .astype(q.dtype)
+      .reshape(b, t, n, h)
+    )
   # bf16 on XLA:CPU: the products and their gradients as `einsum`'s (bf16 gradient products);
   # elsewhere plain einsums and their autodiff, the programs as they were.
   product = einsum if _cpu_bf16(q, k) else contract
-  if t == 1:
-    # A decode step's scores as a multiply-reduce too (see the weighted sum below): XLA:CPU runs
-    # this batched [G, H] x [H, S] product as a generic dot, ~0.35 ms a layer at Qwen3-0.6B's
-    # shape (B 4, S 192), the reduction as one fused pass over the keys.
-    # [B, K, G, S, H]
-    products = q[:, 0, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
-    scores = jnp.sum(products, axis=-1)[:, :, :, None, :]  # [B, K, G, 1, S]
-  else:
-    scores = product("btkgh,bksh->bkgts", q, k, out_dtype=jnp.float32)
+  scores = product("btkgh,bksh->bkgts", q, k, out_dtype=jnp.float32)
   scores = scores * (h**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  if t == 1:
-    # A decode step's weighted sum of values as a multiply-reduce: XLA:CPU lowers the batched
-    # [S]x[S, H] product to a slow generic dot (~1 ms a layer at 8 x 192 x 64 per kv head),
-    # the reduction to one fused pass over the cache (~5x less). Products and sum in float32,
-    # as the dot accumulates.
-    weighted = probs[:, :, :, 0, :, None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)
-    out = jnp.sum(weighted, axis=3).astype(q.dtype)[:, None]  # [B, 1, K, G, H]
-  else:
-    out = product("bkgts,bksh->btkgh", probs, v)
+  out = product("bkgts,bksh->btkgh", probs, v)
   return out.reshape(b, t, n, h)
+
+
+def decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
+  """A decode step's attention: q [B, K, G, H] against the cache k, v [B, K, S, H], mask [B, S]
+  -> [B, K, G, H] float32 (scores and softmax in float32).
+
+  Traced for XLA:CPU over a float32 cache (`lm.sampler.cache_dtype`) inside `cpu_decode_attention`
+  (the sampler's decode loop), with `lm.cpu_gemm`'s library loaded: its kernel, which reads each
+  key and value once for the G queries of its kv head. XLA:CPU's own form, the multiply-reduces of
+  `cpu_gemm.reference_decode_attention` (a batched [G, H] x [H, S] product would be a generic
+  dot, slower still), ran at ~5x the cache's bytes' time in bf16, recomputing the rotated queries
+  for every key: 18 ms of a 76 ms step at Qwen3-0.6B's shape (B 4, S 128). Elsewhere, and for the
+  gradient, that reference.
+  """
+  threads = _DECODE_ATTENTION_THREADS.get()
+  kernel = threads != 0 and _for_cpu() and k.dtype == jnp.float32 and v.dtype == jnp.float32
+  if kernel and cpu_gemm.available():
+    return _decode_attention_kernel(q, k, v, mask, scale, threads)
+  return cpu_gemm.reference_decode_attention(q, k, v, mask, scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _decode_attention_kernel(q: Array, k: Array, v: Array, mask: Array, scale: float, threads: int) -> Array:
+  return cpu_gemm.decode_attention(q, k, v, mask, scale, threads)
+
+
+def _decode_attention_fwd(q, k, v, mask, scale, threads):
+  return _decode_attention_kernel(q, k, v, mask, scale, threads), (q, k, v, mask)
+
+
+def _decode_attention_bwd(scale, threads, saved, cotangent):
+  """The reference's gradient (the kernel's values are the reference's to float32 round-off)."""
+  q, k, v, mask = saved
+  _, pullback = jax.vjp(lambda q, k, v: cpu_gemm.reference_decode_attention(q, k, v, mask, scale), q, k, v)
+  return (*pullback(cotangent), None)
+
+
+_decode_attention_kernel.defvjp(_decode_attention_fwd, _decode_attention_bwd)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,8 @@ class SamplerConfig:
       products of more than `cpu_gemm.KERNEL_MAX_ROWS_BF16` rows, a prefill's, run XLA's dot on
       the packed weight instead: oneDNN's bf16 instructions are faster there): -1 as many as
       XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
+      The decode steps' attention over a float32 cache runs the library's kernel with the same
+      threads (`lm.model.decode_attention`); 0 keeps XLA's ops there too.
     share_prefix: the n > 1 samples of a prompt share its prompt's KV cache (held once per prompt,
       each sample holding only its generated slots) instead of n copies of it: None (default)
       shares on a mesh and on accelerators, and keeps the copies on one CPU device, whose decode
@@ -935,16 +937,17 @@ def _generate_fn(
     def step_fn(state: _SamplingState) -> _SamplingState:
       """The last chosen token's forward pass (its slot is `state.step` − 1), then the next token."""
       slot = state.step - 1
-      hidden, cache = model.hidden_states(
-        state.token[:, None],
-        positions=(rows.next_pos + slot)[:, None],
-        attention_mask=key_mask,
-        cache=state.cache,
-        cache_index=own + slot,
-        layer_weights=layer_weights,
-        matmul=matmul,
-        prefix_mask=rows.mask if share_prefix else None,
-      )
+      with model_lib.cpu_decode_attention(gemm_threads):  # its kernel where the products have theirs
+        hidden, cache = model.hidden_states(
+          state.token[:, None],
+          positions=(rows.next_pos + slot)[:, None],
+          attention_mask=key_mask,
+          cache=state.cache,
+          cache_index=own + slot,
+          layer_weights=layer_weights,
+          matmul=matmul,
+          prefix_mask=rows.mask if share_prefix else None,
+        )
       return choose(rows, state.replace(cache=cache), head(hidden[:, 0], head_dv))
 
     return jax.lax.while_loop(keep_going, step_fn, loop)

@@ -179,3 +179,36 @@ def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel(param_dtype, dt
     )
   with pytest.raises(ValueError, match="cpu_gemm_threads"):
     sampler_lib.SamplerConfig(cpu_gemm_threads=-2)
+
+
+@pytest.mark.parametrize("threads", [1, -1])
+@pytest.mark.parametrize(
+  "b, heads, g, s, h", [(4, 8, 2, 128, 128), (3, 2, 1, 7, 16), (2, 1, 4, 33, 64), (1, 3, 3, 1, 8)]
+)
+def test_the_decode_attention_kernel_matches_the_reference_and_its_gradient(threads, b, heads, g, s, h):
+  # lm.model.decode_attention: the kernel for the sampler's decode steps (float32 cache), XLA's
+  # multiply-reduce elsewhere; one query per kv head or several, odd key counts, masked keys.
+  from lm import model as model_lib
+
+  rng = np.random.default_rng(s)
+  q = jnp.asarray(rng.standard_normal((b, heads, g, h)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((b, heads, s, h)), jnp.float32) for _ in range(2))
+  mask = jnp.asarray(rng.random((b, s)) < 0.6).at[:, -1].set(True)
+  scale = h**-0.5
+  want = cpu_gemm.reference_decode_attention(q, k, v, mask, scale)
+  got = jax.jit(lambda *a: cpu_gemm.decode_attention(*a, scale, threads))(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
+  # a masked key's value changes nothing: the kernel reads the mask
+  v_masked = v.at[:, :, 0].set(jnp.where(mask[:, None, 0, None], v[:, :, 0], 1e6))
+  again = cpu_gemm.decode_attention(q, k, v_masked, mask, scale, threads)
+  np.testing.assert_allclose(np.asarray(again), np.asarray(got), atol=2e-6)
+
+  def loss(q, k, v, kernel):
+    with model_lib.cpu_decode_attention(threads if kernel else 0):
+      return jnp.sum(model_lib.decode_attention(q, k, v, mask, scale) ** 2)
+
+  assert "lm_cpu_decode_attention" in jax.jit(lambda *a: loss(*a, True)).lower(q, k, v).as_text()
+  assert "lm_cpu_decode_attention" not in jax.jit(lambda *a: loss(*a, False)).lower(q, k, v).as_text()
+  grads = [jax.grad(loss, argnums=(0, 1, 2))(q, k, v, kernel) for kernel in (True, False)]
+  for a, c in zip(*grads, strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-5)
