@@ -56,7 +56,7 @@ DTYPES = (jnp.float32, jnp.bfloat16)  # the weight dtypes the kernel packs
 # 128: 118 vs 296; docs/results/2026-12-04-bf16-cpu.md).
 KERNEL_MAX_ROWS_BF16 = 24
 DEFAULT_BLOCK = 64  # columns per block where no library is loaded (a packed weight is then unpacked)
-_NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # a masked score, as `lm.model`'s
+NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # a masked score (lm.model's; finite: no NaN when all are)
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
 
 
@@ -273,7 +273,7 @@ def reference_decode_attention(q: Array, k: Array, v: Array, mask: Array, scale:
   [G, H] x [H, S] product as a slow generic dot; see `lm.model.attention`)."""
   products = q[:, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)  # [B, K, G, S, H]
   scores = jnp.sum(products, axis=-1) * scale  # [B, K, G, S]
-  scores = jnp.where(mask[:, None, None, :], scores, _NEG_INF)
+  scores = jnp.where(mask[:, None, None, :], scores, NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   weighted = probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32)  # [B, K, G, S, H]
   return jnp.sum(weighted, axis=3)

@@ -35,7 +35,7 @@ LayerWeights = list[dict[str, Array]]
 # or on CPU `lm.cpu_gemm.matmul` for a decode step's few rows (the sampler's choice).
 Matmul = Callable[[Array, Array], Array]
 
-_NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
+_NEG_INF = cpu_gemm.NEG_INF  # a masked score (the CPU kernels use the same value)
 
 
 _PLATFORM = contextvars.ContextVar("lm_model_platform", default="")
