@@ -5,7 +5,12 @@ import gzip
 import json
 import re
 
+import pytest
+
 from tools import device_profile
+
+# its compiles kept out of JAX's persistent cache, whose read crashed a worker in a full run (2026-12-05)
+pytestmark = pytest.mark.usefixtures("no_persistent_cache")
 
 
 def test_summary_keeps_the_device_processes_and_sums_kinds():
