@@ -91,11 +91,24 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def no_persistent_cache():
-  """Compiles that are never run (the plan's tests) kept out of JAX's persistent cache, whose read and
-  write (the executable's (de)serialisation) crashed a worker in full suite runs (2026-12-04 a
-  write, 2026-12-05 a read) and not when rerun alone."""
-  import jax
+  """Compiles kept out of JAX's persistent cache: the plan's (never run), and the device profile's,
+  which compiles the device check's planned row while tests/dpa_grpo/device_check_test.py may be
+  compiling it in the other worker. JAX writes a cache entry in place (`LRUCache.put` is a plain
+  `write_bytes` when the cache has no size limit), so a read in another process can deserialise a
+  half-written executable: a worker crashed so in full suite runs (2026-12-04 a write, 2026-12-05 a
+  read, twice) and never when the test ran alone.
 
-  jax.config.update("jax_enable_compilation_cache", False)
+  The flag alone is not enough: JAX decides once per process whether it uses the cache
+  (`compilation_cache.is_cache_used`), so a worker that compiled anything before this test kept
+  reading and writing the cache through it. Resetting that decision makes the flag take effect."""
+  import jax
+  from jax._src import compilation_cache, xla_bridge
+
+  def use(enabled: bool) -> None:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()  # the next compile decides again, under the flag just set
+
+  use(False)
+  assert not compilation_cache.is_cache_used(xla_bridge.get_backend()), "the persistent cache is still in use"
   yield
-  jax.config.update("jax_enable_compilation_cache", True)
+  use(True)
