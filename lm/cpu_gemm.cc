@@ -30,9 +30,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -420,6 +423,348 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ff
   return ffi::Error::Success();
 }
 
+
+// ---- Attention over whole sequences (a prefill's, a train step's): forward and backward ----------
+//
+// Why: XLA:CPU runs a train step's attention as batched products over [B, K, G, T, S] scores with
+// layout copies between them, about 37% of a float32 step's time for 4% of its FLOPs at rl_bench's
+// shape (docs/results/2026-12-04-bf16-cpu.md). Here each (row, kv head) is one unit of work: its
+// G x T queries against its S keys, the scores of a tile of queries held in L1, the products done
+// as register-tiled outer products, and nothing of [T, S] size written to memory in the forward.
+// Scores, softmax and sums are float32; a masked score is kNegInf as in the model (a row with no
+// key attends every key uniformly, as its softmax does), keys past S are -inf (never counted).
+
+constexpr int kAttRows = 4;   // query rows of a register tile
+constexpr int kAttKeys = 64;  // keys of a scores tile; the backward's key block
+constexpr int kAttBwdRows = 16;  // query rows per backward tile (the dK, dV updates sum over them)
+
+// exp(x) in float32 within ~2 ulp, branch-free so that a loop of it vectorises (std::exp is a
+// scalar libm call: ~4M of them a float32 forward at rl_bench's shape). x = n ln2 + f with
+// |f| <= ln2 / 2 (ln2 in two parts), e^f by its degree-6 Taylor polynomial, 2^n in the exponent
+// bits; x below -87.3 (kNegInf, -inf) gives 0, as std::exp's underflow does to float32.
+inline float FastExp(float x) {
+  const float lo = -87.33654f;
+  const float y = std::max(x, lo);
+  const float n = std::nearbyint(y * 1.44269504088896341f);
+  const float f = (y - n * 0.693359375f) + n * 2.12194440e-4f;
+  float e = 1.f / 720;
+  e = e * f + 1.f / 120;
+  e = e * f + 1.f / 24;
+  e = e * f + 1.f / 6;
+  e = e * f + 0.5f;
+  e = e * f + 1.f;
+  e = e * f + 1.f;
+  int32_t bits;
+  std::memcpy(&bits, &e, 4);
+  bits += static_cast<int32_t>(n) << 23;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return x < lo ? 0.f : out;
+}
+
+// a[r * lda + j] = sum_e x[r][e] * yt[e * ldy + j] for r < MR, j < kAttKeys (yt a [h, >= 64] panel).
+template <int MR>
+void ScoreTile(const float* const* x, const float* yt, int64_t ldy, int64_t h, float* a, int64_t lda) {
+  float acc[MR][kAttKeys] = {};
+  for (int64_t e = 0; e < h; ++e) {
+    const float* y = yt + e * ldy;
+    for (int r = 0; r < MR; ++r) {
+      const float xv = x[r][e];
+#pragma omp simd
+      for (int j = 0; j < kAttKeys; ++j) acc[r][j] += xv * y[j];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+#pragma omp simd
+    for (int j = 0; j < kAttKeys; ++j) a[r * lda + j] = acc[r][j];
+}
+
+void Scores(const float* const* x, int64_t m, const float* yt, int64_t ldy, int64_t h, float* a, int64_t lda) {
+  for (int64_t r = 0; r < m; r += kAttRows) {
+    switch (std::min<int64_t>(kAttRows, m - r)) {
+      case 4: ScoreTile<4>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      case 3: ScoreTile<3>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      case 2: ScoreTile<2>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      default: ScoreTile<1>(x + r, yt, ldy, h, a + r * lda, lda); break;
+    }
+  }
+}
+
+// z[r][c0 + c] (+)= sum_{j < n} a[r * lda + j] * y[j][c0 + c] for r < MR, c < NC.
+template <int MR, int NC>
+void AddTile(const float* a, int64_t lda, int64_t n, const float* const* y, int64_t c0, float* const* z,
+             bool accumulate) {
+  float acc[MR][NC];
+  for (int r = 0; r < MR; ++r)
+#pragma omp simd
+    for (int c = 0; c < NC; ++c) acc[r][c] = accumulate ? z[r][c0 + c] : 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* yj = y[j] + c0;
+    for (int r = 0; r < MR; ++r) {
+      const float av = a[r * lda + j];
+#pragma omp simd
+      for (int c = 0; c < NC; ++c) acc[r][c] += av * yj[c];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+#pragma omp simd
+    for (int c = 0; c < NC; ++c) z[r][c0 + c] = acc[r][c];
+}
+
+template <int MR>
+void AddRows(const float* a, int64_t lda, int64_t n, const float* const* y, int64_t h, float* const* z,
+             bool accumulate) {
+  int64_t c = 0;
+  for (; c + 64 <= h; c += 64) AddTile<MR, 64>(a, lda, n, y, c, z, accumulate);
+  for (; c + 16 <= h; c += 16) AddTile<MR, 16>(a, lda, n, y, c, z, accumulate);
+  for (; c < h; ++c) AddTile<MR, 1>(a, lda, n, y, c, z, accumulate);
+}
+
+// z[r] (+)= sum_{j < n} a[r * lda + j] * y[j] for r < m (rows of h floats): z = a @ y.
+void AddProduct(const float* a, int64_t lda, int64_t m, int64_t n, const float* const* y, int64_t h,
+                float* const* z, bool accumulate) {
+  for (int64_t r = 0; r < m; r += kAttRows) {
+    switch (std::min<int64_t>(kAttRows, m - r)) {
+      case 4: AddRows<4>(a + r * lda, lda, n, y, h, z + r, accumulate); break;
+      case 3: AddRows<3>(a + r * lda, lda, n, y, h, z + r, accumulate); break;
+      case 2: AddRows<2>(a + r * lda, lda, n, y, h, z + r, accumulate); break;
+      default: AddRows<1>(a + r * lda, lda, n, y, h, z + r, accumulate); break;
+    }
+  }
+}
+
+// Keys [j0, j0 + n) of a unit's keys (rows of h floats) as a [h, kAttKeys] panel, zero past n.
+void KeyPanel(const float* const* keys, int64_t j0, int64_t n, int64_t h, float* panel) {
+  std::fill(panel, panel + h * kAttKeys, 0.f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t e = 0; e < h; ++e) panel[e * kAttKeys + j] = keys[j0 + j][e];
+}
+
+// One unit's shapes and the keys each query row may read.
+struct AttentionUnit {
+  int64_t t, g, s, h, heads;  // queries T, group G, keys S, head dim H, kv heads K
+  float scale;
+  const bool* mask;  // the row's [T, S]
+  std::vector<int64_t> lo, hi;  // per query t: its keys lie in [lo, hi); a t with none: [0, S)
+  std::vector<char> empty;      // per query t: no key at all (attends every key uniformly)
+
+  void Ranges() {
+    lo.assign(t, 0), hi.assign(t, s), empty.assign(t, 0);
+    for (int64_t i = 0; i < t; ++i) {
+      const bool* m = mask + i * s;
+      int64_t a = 0, b = s;
+      while (a < s && !m[a]) ++a;
+      while (b > a && !m[b - 1]) --b;
+      if (a == s) empty[i] = 1; else lo[i] = a, hi[i] = b;
+    }
+  }
+  // The keys any of rows [r0, r1) reads (rows r = t * G + g).
+  std::pair<int64_t, int64_t> Range(int64_t r0, int64_t r1) const {
+    int64_t a = s, b = 0;
+    for (int64_t i = r0 / g; i <= (r1 - 1) / g; ++i) a = std::min(a, lo[i]), b = std::max(b, hi[i]);
+    return {a, b};
+  }
+};
+
+// Rows of a [B, T, K, G, H] array for (row b, kv head k): row r = t * G + g.
+template <typename T>
+void QueryRows(T* base, int64_t b, int64_t k, const AttentionUnit& u, T** rows) {
+  for (int64_t i = 0; i < u.t; ++i)
+    for (int64_t j = 0; j < u.g; ++j) rows[i * u.g + j] = base + (((b * u.t + i) * u.heads + k) * u.g + j) * u.h;
+}
+
+void AttentionForwardUnit(const float* q, const float* k, const float* v, float* out, float* lse, int64_t b,
+                          int64_t kh, AttentionUnit& u) {
+  const int64_t rows = u.t * u.g, h = u.h, s = u.s;
+  const int64_t blocks = (s + kAttKeys - 1) / kAttKeys, width = blocks * kAttKeys;
+  std::vector<const float*> qr(rows), keys(s), values(s);
+  QueryRows(q, b, kh, u, qr.data());
+  std::vector<float*> outr(rows);
+  QueryRows(out, b, kh, u, outr.data());
+  const float* kb = k + (b * u.heads + kh) * s * h;
+  const float* vb = v + (b * u.heads + kh) * s * h;
+  for (int64_t j = 0; j < s; ++j) keys[j] = kb + j * h, values[j] = vb + j * h;
+  std::vector<float> panel(h * width), sc(kAttRows * width);
+  for (int64_t c = 0; c < blocks; ++c) {  // K^T [H, width], block by block (each [H, 64])
+    std::vector<float> blk(h * kAttKeys);
+    KeyPanel(keys.data(), c * kAttKeys, std::min<int64_t>(kAttKeys, s - c * kAttKeys), h, blk.data());
+    for (int64_t e = 0; e < h; ++e)
+      std::copy(blk.data() + e * kAttKeys, blk.data() + (e + 1) * kAttKeys, panel.data() + e * width + c * kAttKeys);
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kAttRows) {
+    const int64_t m = std::min<int64_t>(kAttRows, rows - r0);
+    auto [a, z] = u.Range(r0, r0 + m);
+    const int64_t j0 = a / kAttKeys * kAttKeys, j1 = (z + kAttKeys - 1) / kAttKeys * kAttKeys;
+    for (int64_t j = j0; j < j1; j += kAttKeys) Scores(qr.data() + r0, m, panel.data() + j, width, h, sc.data() + j, width);
+    const int64_t live = std::min(j1, s);  // keys [live, j1) are past S: never read
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = sc.data() + r * width;
+      const bool* keep = u.mask + ((r0 + r) / u.g) * s;
+      const float scale = u.scale;
+      float top = -INFINITY;
+#pragma omp simd reduction(max : top)
+      for (int64_t j = j0; j < live; ++j) {
+        row[j] = keep[j] ? row[j] * scale : kNegInf;
+        top = std::max(top, row[j]);
+      }
+      float total = 0.f;
+#pragma omp simd reduction(+ : total)
+      for (int64_t j = j0; j < live; ++j) total += (row[j] = FastExp(row[j] - top));
+      const float inv = 1.f / total;
+#pragma omp simd
+      for (int64_t j = j0; j < live; ++j) row[j] *= inv;
+      std::fill(row + live, row + j1, 0.f);
+      const int64_t t = (r0 + r) / u.g, g = (r0 + r) % u.g;
+      lse[((b * u.t + t) * u.heads + kh) * u.g + g] = top + std::log(total);
+    }
+    const int64_t n = std::min(j1, s) - j0;
+    AddProduct(sc.data() + j0, width, m, n, values.data() + j0, h, outr.data() + r0, false);
+  }
+}
+
+void AttentionBackwardUnit(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                           const float* dout, float* dq, float* dk, float* dv, int64_t b, int64_t kh,
+                           AttentionUnit& u) {
+  const int64_t rows = u.t * u.g, h = u.h, s = u.s;
+  std::vector<const float*> qr(rows), outr(rows), doutr(rows), keys(s), values(s);
+  std::vector<float*> dqr(rows), dkr(kAttKeys), dvr(kAttKeys);
+  QueryRows(q, b, kh, u, qr.data());
+  QueryRows(out, b, kh, u, outr.data());
+  QueryRows(dout, b, kh, u, doutr.data());
+  QueryRows(dq, b, kh, u, dqr.data());
+  const int64_t unit = (b * u.heads + kh) * s * h;
+  for (int64_t j = 0; j < s; ++j) keys[j] = k + unit + j * h, values[j] = v + unit + j * h;
+  std::vector<float> delta(rows), rlse(rows);  // D = rowsum(dO * O), and each row's log-sum-exp
+  for (int64_t r = 0; r < rows; ++r) {
+    float d = 0.f;
+#pragma omp simd reduction(+ : d)
+    for (int64_t e = 0; e < h; ++e) d += doutr[r][e] * outr[r][e];
+    delta[r] = d;
+    rlse[r] = lse[((b * u.t + r / u.g) * u.heads + kh) * u.g + r % u.g];
+    std::fill(dqr[r], dqr[r] + h, 0.f);
+  }
+  std::vector<float> kpanel(h * kAttKeys), vpanel(h * kAttKeys), sc(kAttBwdRows * kAttKeys),
+      dp(kAttBwdRows * kAttKeys), pt(kAttKeys * kAttBwdRows), dst(kAttKeys * kAttBwdRows);
+  for (int64_t j0 = 0; j0 < s; j0 += kAttKeys) {
+    const int64_t n = std::min<int64_t>(kAttKeys, s - j0);
+    KeyPanel(keys.data(), j0, n, h, kpanel.data());
+    KeyPanel(values.data(), j0, n, h, vpanel.data());
+    for (int64_t j = 0; j < n; ++j) {
+      dkr[j] = dk + unit + (j0 + j) * h, dvr[j] = dv + unit + (j0 + j) * h;
+      std::fill(dkr[j], dkr[j] + h, 0.f), std::fill(dvr[j], dvr[j] + h, 0.f);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kAttBwdRows) {
+      const int64_t m = std::min<int64_t>(kAttBwdRows, rows - r0);
+      auto [a, z] = u.Range(r0, r0 + m);
+      if (z <= j0 || a >= j0 + n) continue;  // no row of the tile reads a key of the block
+      Scores(qr.data() + r0, m, kpanel.data(), kAttKeys, h, sc.data(), kAttKeys);
+      Scores(doutr.data() + r0, m, vpanel.data(), kAttKeys, h, dp.data(), kAttKeys);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t i = r0 + r;
+        const bool* keep = u.mask + (i / u.g) * s + j0;
+        const float scale = u.scale, top = rlse[i], d = delta[i];
+        // A row with no key reads each of the S keys with 1 / S (its lse, kNegInf + log S, rounds to
+        // kNegInf in float32, so it is not recomputed from it); masked scores pass no gradient.
+        const float uniform = u.empty[i / u.g] ? 1.f / s : -1.f;
+        float* srow = sc.data() + r * kAttKeys;
+        const float* dprow = dp.data() + r * kAttKeys;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = uniform >= 0.f ? uniform : (keep[j] ? FastExp(srow[j] * scale - top) : 0.f);
+          const float ds = keep[j] ? p * (dprow[j] - d) * scale : 0.f;
+          srow[j] = ds;
+          pt[j * kAttBwdRows + r] = p;
+          dst[j * kAttBwdRows + r] = ds;
+        }
+      }
+      AddProduct(sc.data(), kAttKeys, m, n, keys.data() + j0, h, dqr.data() + r0, true);  // dQ += dS K
+      AddProduct(dst.data(), kAttBwdRows, n, m, qr.data() + r0, h, dkr.data(), true);     // dK += dS^T Q
+      AddProduct(pt.data(), kAttBwdRows, n, m, doutr.data() + r0, h, dvr.data(), true);   // dV += P^T dO
+    }
+  }
+}
+
+// Checks the shapes shared by the forward and the backward: q [B, T, K, G, H], k and v [B, K, S, H],
+// mask [B, T, S]; fills u (but its ranges).
+bool AttentionShapes(ffi::Span<const int64_t> qd, ffi::Span<const int64_t> kd, ffi::Span<const int64_t> vd,
+                     ffi::Span<const int64_t> md, AttentionUnit& u) {
+  if (qd.size() != 5 || kd.size() != 4 || vd.size() != 4 || md.size() != 3) return false;
+  if (kd[0] != qd[0] || kd[1] != qd[2] || kd[3] != qd[4] || vd[0] != kd[0] || vd[1] != kd[1] ||
+      vd[2] != kd[2] || vd[3] != kd[3] || md[0] != qd[0] || md[1] != qd[1] || md[2] != kd[2])
+    return false;
+  u.t = qd[1], u.heads = qd[2], u.g = qd[3], u.h = qd[4], u.s = kd[2];
+  return true;
+}
+
+template <typename Body>
+void EachUnit(ffi::ThreadPool& pool, int64_t threads, int64_t batch, int64_t heads, Body body) {
+  const int64_t units = batch * heads;
+  const int64_t helpers = TotalThreads(pool, threads, units) - 1;
+  if (helpers <= 0) {
+    for (int64_t i = 0; i < units; ++i) body(i / heads, i % heads);
+  } else {
+    ParallelChunks(pool, helpers, units, [body, heads](int64_t i) { body(i / heads, i % heads); });
+  }
+}
+
+// q [B, T, K, G, H], k and v [B, K, S, H], mask [B, T, S] -> out [B, T, K, G, H] and the log-sum-exp
+// of each query's scores lse [B, T, K, G] (what the backward recomputes the probabilities from).
+ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out,
+                         ffi::ResultBuffer<ffi::F32> lse, float scale, int64_t threads) {
+  AttentionUnit shape{};
+  if (!AttentionShapes(q.dimensions(), k.dimensions(), v.dimensions(), mask.dimensions(), shape))
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_attention: q must be [B, T, K, G, H], k and v [B, K, S, H], mask [B, T, S]");
+  const int64_t batch = q.dimensions()[0];
+  if (batch * shape.t * shape.heads * shape.g * shape.h == 0) return ffi::Error::Success();
+  if (shape.s == 0) return ffi::Error::InvalidArgument("lm_cpu_attention: no keys (S = 0)");
+  shape.scale = scale;
+  const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
+  const bool* mp = mask.typed_data();
+  float *op = out->typed_data(), *lp = lse->typed_data();
+  EachUnit(pool, threads, batch, shape.heads, [=](int64_t b, int64_t kh) {
+    AttentionUnit u = shape;
+    u.mask = mp + b * u.t * u.s;
+    u.Ranges();
+    AttentionForwardUnit(qp, kp, vp, op, lp, b, kh, u);
+  });
+  return ffi::Error::Success();
+}
+
+// The gradient of AttentionImpl's out: from q, k, v, mask, out, lse and the cotangent dout
+// [B, T, K, G, H] -> dq [B, T, K, G, H], dk and dv [B, K, S, H]. Masked scores get no gradient (the
+// model's where()); the probabilities are recomputed a key block at a time.
+ffi::Error AttentionBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                                 ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::F32> out,
+                                 ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout,
+                                 ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
+                                 ffi::ResultBuffer<ffi::F32> dv, float scale, int64_t threads) {
+  AttentionUnit shape{};
+  if (!AttentionShapes(q.dimensions(), k.dimensions(), v.dimensions(), mask.dimensions(), shape))
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_attention_bwd: q must be [B, T, K, G, H], k and v [B, K, S, H], mask [B, T, S]");
+  const int64_t batch = q.dimensions()[0];
+  float *dqp = dq->typed_data(), *dkp = dk->typed_data(), *dvp = dv->typed_data();
+  if (shape.s == 0 || batch * shape.heads * shape.h == 0) return ffi::Error::Success();
+  if (shape.t * shape.g == 0) {  // no queries: no gradient for the keys
+    std::fill(dkp, dkp + batch * shape.heads * shape.s * shape.h, 0.f);
+    std::fill(dvp, dvp + batch * shape.heads * shape.s * shape.h, 0.f);
+    return ffi::Error::Success();
+  }
+  shape.scale = scale;
+  const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data(), *op = out.typed_data(),
+              *lp = lse.typed_data(), *dop = dout.typed_data();
+  const bool* mp = mask.typed_data();
+  EachUnit(pool, threads, batch, shape.heads, [=](int64_t b, int64_t kh) {
+    AttentionUnit u = shape;
+    u.mask = mp + b * u.t * u.s;
+    u.Ranges();
+    AttentionBackwardUnit(qp, kp, vp, op, lp, dop, dqp, dkp, dvp, b, kh, u);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // The packed layout's block width this build multiplies by (`lm/cpu_gemm.py` packs to it).
@@ -448,6 +793,34 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttention, AttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttentionBackward, AttentionBackwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));

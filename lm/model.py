@@ -55,22 +55,36 @@ def lowering_for(platform: str):
     _PLATFORM.reset(token)
 
 
-# Threads of `lm.cpu_gemm`'s decode attention kernel for the decode steps traced in
-# `cpu_decode_attention` (the sampler's, with its `cpu_gemm_threads`); 0 (every other trace): the
-# model's own multiply-reduce.
-_DECODE_ATTENTION_THREADS = contextvars.ContextVar("lm_model_decode_attention_threads", default=0)
+# Threads of `lm.cpu_gemm`'s attention kernels (a decode step's, and whole sequences' with their
+# gradient) for the traces inside `cpu_attention`; None (the default): `_cpu_attention_threads`'s
+# choice.
+_CPU_ATTENTION_THREADS = contextvars.ContextVar("lm_model_cpu_attention_threads", default=None)
 
 
 @contextlib.contextmanager
-def cpu_decode_attention(threads: int):
-  """Decode steps traced inside this block for XLA:CPU over a float32 cache run `lm.cpu_gemm`'s
-  attention kernel with `threads` (as `cpu_gemm.matmul`'s: -1 every core of XLA's pool, 0 off),
-  where its library is loaded (`decode_attention`)."""
-  token = _DECODE_ATTENTION_THREADS.set(threads)
+def cpu_attention(threads: int | None):
+  """Attention traced inside this block for XLA:CPU runs `lm.cpu_gemm`'s kernels with `threads`
+  (as `cpu_gemm.matmul`'s: -1 every core of XLA's pool, 0 off: XLA's own ops), where its library
+  is loaded; None: the default (`_cpu_attention_threads`). The sampler traces its programs inside
+  it with its `cpu_gemm_threads`."""
+  token = _CPU_ATTENTION_THREADS.set(threads)
   try:
     yield
   finally:
-    _DECODE_ATTENTION_THREADS.reset(token)
+    _CPU_ATTENTION_THREADS.reset(token)
+
+
+def _cpu_attention_threads() -> int:
+  """The kernels' threads for this trace: 0 (XLA's ops) unless it is for XLA:CPU with the library
+  loaded; then `cpu_attention`'s, or by default every core where this process has one device. With
+  several (a CPU mesh) the programs may be sharded, and a custom call's operands would be gathered
+  onto every device, so there the default is XLA's ops."""
+  if not _for_cpu() or not cpu_gemm.available():
+    return 0
+  threads = _CPU_ATTENTION_THREADS.get()
+  if threads is None:
+    return -1 if jax.device_count() == 1 else 0
+  return threads
 
 
 def _for_cpu() -> bool:
@@ -411,6 +425,10 @@ def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
       .astype(q.dtype)
       .reshape(b, t, n, h)
     )
+  threads = _cpu_attention_threads()
+  if threads != 0:  # XLA:CPU: the kernel, forward and backward (`sequence_attention`)
+    mask = jnp.broadcast_to(mask, (b, t, k.shape[2]))
+    return sequence_attention(q, k, v, mask, h**-0.5, threads).reshape(b, t, n, h)
   # bf16 on XLA:CPU: the products and their gradients as `einsum`'s (bf16 gradient products);
   # elsewhere plain einsums and their autodiff, the programs as they were.
   product = einsum if _cpu_bf16(q, k) else contract
@@ -434,9 +452,8 @@ def decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float) ->
   for every key: 18 ms of a 76 ms step at Qwen3-0.6B's shape (B 4, S 128). Elsewhere, and for the
   gradient, that reference.
   """
-  threads = _DECODE_ATTENTION_THREADS.get()
-  kernel = threads != 0 and _for_cpu() and k.dtype == jnp.float32 and v.dtype == jnp.float32
-  if kernel and cpu_gemm.available():
+  threads = _cpu_attention_threads()
+  if threads != 0 and k.dtype == jnp.float32 and v.dtype == jnp.float32:
     return _decode_attention_kernel(q, k, v, mask, scale, threads)
   return cpu_gemm.reference_decode_attention(q, k, v, mask, scale)
 
@@ -458,6 +475,39 @@ def _decode_attention_bwd(scale, threads, saved, cotangent):
 
 
 _decode_attention_kernel.defvjp(_decode_attention_fwd, _decode_attention_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def sequence_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, threads: int) -> Array:
+  """`attention` of whole sequences by `lm.cpu_gemm`'s kernel (XLA:CPU, its library loaded): q
+  [B, T, K, G, H], k and v [B, K, S, H] of any float dtype (computed in float32), mask [B, T, S] ->
+  [B, T, K, G, H] in q's dtype, equal to `attention`'s to float32 round-off, and its gradient by
+  the kernel's backward.
+
+  Why: XLA:CPU runs the scores, mask, softmax and their gradients as batched products and passes
+  over [B, K, G, T, S] with layout copies between them: about 37% of a float32 train step for 4%
+  of its FLOPs at rl_bench's shape (docs/results/2026-12-04-bf16-cpu.md). The kernel keeps a tile
+  of scores in cache and saves only the output and each query's log-sum-exp for the backward."""
+  f32 = lambda x: x.astype(jnp.float32)
+  return cpu_gemm.sequence_attention(f32(q), f32(k), f32(v), mask, scale, threads)[0].astype(q.dtype)
+
+
+def _sequence_attention_fwd(q, k, v, mask, scale, threads):
+  f32 = lambda x: x.astype(jnp.float32)
+  out, lse = cpu_gemm.sequence_attention(f32(q), f32(k), f32(v), mask, scale, threads)
+  return out.astype(q.dtype), (q, k, v, mask, out, lse)
+
+
+def _sequence_attention_bwd(scale, threads, saved, cotangent):
+  q, k, v, mask, out, lse = saved
+  f32 = lambda x: x.astype(jnp.float32)
+  dq, dk, dv = cpu_gemm.sequence_attention_bwd(
+    f32(q), f32(k), f32(v), mask, out, lse, f32(cotangent), scale, threads
+  )
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+sequence_attention.defvjp(_sequence_attention_fwd, _sequence_attention_bwd)
 
 
 @dataclasses.dataclass(frozen=True)

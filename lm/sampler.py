@@ -97,8 +97,9 @@ class SamplerConfig:
       products of more than `cpu_gemm.KERNEL_MAX_ROWS_BF16` rows, a prefill's, run XLA's dot on
       the packed weight instead: oneDNN's bf16 instructions are faster there): -1 as many as
       XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
-      The decode steps' attention over a float32 cache runs the library's kernel with the same
-      threads (`lm.model.decode_attention`); 0 keeps XLA's ops there too.
+      The attention runs the library's kernels with the same threads: the prefill's
+      (`lm.model.sequence_attention`) and the decode steps' over a float32 cache
+      (`lm.model.decode_attention`); 0 keeps XLA's ops there too.
     share_prefix: the n > 1 samples of a prompt share its prompt's KV cache (held once per prompt,
       each sample holding only its generated slots) instead of n copies of it: None (default)
       shares on a mesh and on accelerators, and keeps the copies on one CPU device, whose decode
@@ -757,15 +758,16 @@ def _prefill_fn(graphdef, cache_dtype, gemm_threads: int, jit: bool):
   def prefill(state, head_dv, layer_weights, tokens, mask):
     model, layer_weights = _weights_of(graphdef, state, layer_weights)
     rows, prompt_len = tokens.shape
-    hidden, cache = model.hidden_states(
-      tokens,
-      positions=default_positions(mask),
-      attention_mask=mask,
-      cache=model.init_cache(rows, prompt_len, cache_dtype),
-      cache_index=0,
-      layer_weights=layer_weights,
-      matmul=matmul,
-    )
+    with model_lib.cpu_attention(gemm_threads):  # its kernels where the products have theirs
+      hidden, cache = model.hidden_states(
+        tokens,
+        positions=default_positions(mask),
+        attention_mask=mask,
+        cache=model.init_cache(rows, prompt_len, cache_dtype),
+        cache_index=0,
+        layer_weights=layer_weights,
+        matmul=matmul,
+      )
     return cache, _head(hidden[:, -1], head_dv, matmul)  # only the last prompt position's logits
 
   return jax.jit(prefill) if jit else prefill
@@ -937,7 +939,7 @@ def _generate_fn(
     def step_fn(state: _SamplingState) -> _SamplingState:
       """The last chosen token's forward pass (its slot is `state.step` − 1), then the next token."""
       slot = state.step - 1
-      with model_lib.cpu_decode_attention(gemm_threads):  # its kernel where the products have theirs
+      with model_lib.cpu_attention(gemm_threads):  # its kernels where the products have theirs
         hidden, cache = model.hidden_states(
           state.token[:, None],
           positions=(rows.next_pos + slot)[:, None],

@@ -204,7 +204,7 @@ def test_the_decode_attention_kernel_matches_the_reference_and_its_gradient(thre
   np.testing.assert_allclose(np.asarray(again), np.asarray(got), atol=2e-6)
 
   def loss(q, k, v, kernel):
-    with model_lib.cpu_decode_attention(threads if kernel else 0):
+    with model_lib.cpu_attention(threads if kernel else 0):
       return jnp.sum(model_lib.decode_attention(q, k, v, mask, scale) ** 2)
 
   assert "lm_cpu_decode_attention" in jax.jit(lambda *a: loss(*a, True)).lower(q, k, v).as_text()
@@ -212,3 +212,70 @@ def test_the_decode_attention_kernel_matches_the_reference_and_its_gradient(thre
   grads = [jax.grad(loss, argnums=(0, 1, 2))(q, k, v, kernel) for kernel in (True, False)]
   for a, c in zip(*grads, strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, -1])
+@pytest.mark.parametrize(
+  "b, t, s, kv, g, h",
+  [
+    (2, 37, 37, 2, 3, 16),  # a train step's rows: causal, left padding, an empty query row
+    (3, 130, 130, 1, 2, 64),  # keys in three blocks of 64, the last ragged
+    (2, 5, 70, 2, 2, 32),  # a prefill of 5 tokens after 65 cached ones
+    (1, 20, 20, 2, 1, 40),  # a head dim that is not a multiple of 16 (the column remainder)
+  ],
+)
+def test_the_sequence_attention_kernel_matches_the_model_and_its_gradient(threads, b, t, s, kv, g, h):
+  # lm.model.attention of whole sequences: the kernel inside `cpu_attention(threads)`, XLA's ops
+  # with 0. Values and the gradient of every input agree to float32 round-off, including a query
+  # row with no key at all (its softmax reads every key uniformly; its scores pass no gradient).
+  from lm import model as model_lib
+
+  rng = np.random.default_rng(t)
+  q = jnp.asarray(rng.standard_normal((b, t, kv * g, h)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((b, kv, s, h)), jnp.float32) for _ in range(2))
+  keys = np.ones((b, s), bool)
+  keys[0, : s - t + 3] = False  # row 0's first three queries see no key
+  mask = jnp.asarray(np.tril(np.ones((t, s), bool), k=s - t)[None] & keys[:, None, :])
+  weight = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+
+  def loss(q, k, v, kernel):
+    with model_lib.cpu_attention(threads if kernel else 0):
+      return jnp.sum(model_lib.attention(q, k, v, mask) * weight)
+
+  assert "lm_cpu_attention" in jax.jit(lambda *a: loss(*a, True)).lower(q, k, v).as_text()
+  assert "lm_cpu_attention" not in jax.jit(lambda *a: loss(*a, False)).lower(q, k, v).as_text()
+  (value, grads), (want_value, want_grads) = (
+    jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, kernel) for kernel in (True, False)
+  )
+  np.testing.assert_allclose(float(value), float(want_value), rtol=1e-5)
+  for got, want in zip(grads, want_grads, strict=True):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5 * float(np.abs(want).max()))
+  # a masked key's value is never read by a query with a key: only the empty rows' outputs move
+  out = lambda v: cpu_gemm.sequence_attention(q.reshape(b, t, kv, g, h), k, v, mask, h**-0.5, threads)[0]
+  moved = np.abs(np.asarray(out(v.at[0, :, 0].set(1e6)) - out(v))).max(axis=(2, 3, 4)) > 0  # [B, T]
+  np.testing.assert_array_equal(moved, ~np.asarray(mask).any(axis=-1))
+
+
+def test_sequence_attention_keeps_the_dtype_and_is_off_by_default_on_a_cpu_mesh():
+  # bfloat16 operands are attended in float32 and rounded once; their gradients come back in
+  # bfloat16. With this test process's 8 CPU devices the default is XLA's ops (a sharded program
+  # would gather the kernel's operands onto every device), with one device it is the kernel.
+  from lm import model as model_lib
+
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((2, 9, 4, 16)), jnp.bfloat16)
+  k, v = (jnp.asarray(rng.standard_normal((2, 2, 9, 16)), jnp.bfloat16) for _ in range(2))
+  mask = jnp.asarray(np.tril(np.ones((9, 9), bool)))[None].repeat(2, 0)
+
+  def loss(q, k, v):
+    return jnp.sum(model_lib.attention(q, k, v, mask).astype(jnp.float32) ** 2)
+
+  assert jax.device_count() == 8
+  assert "lm_cpu_attention" not in jax.jit(loss).lower(q, k, v).as_text()
+  with model_lib.cpu_attention(-1):
+    assert model_lib.attention(q, k, v, mask).dtype == jnp.bfloat16
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  assert [g.dtype for g in grads] == [jnp.bfloat16] * 3
+  exact = jax.grad(loss, argnums=(0, 1, 2))(*(x.astype(jnp.float32) for x in (q, k, v)))
+  for got, want in zip(grads, exact, strict=True):  # the float32 gradient, rounded to bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
