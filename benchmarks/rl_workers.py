@@ -1,6 +1,10 @@
 """The two sides of `benchmarks.rl_bench`, each a worker process of `benchmarks.engines.serve`.
 
-  python -m benchmarks.rl_workers jax|torch|torch_window DIR [float32|bfloat16]
+  python -m benchmarks.rl_workers jax|jax_xla_attention|torch|torch_window DIR [float32|bfloat16]
+
+`jax_xla_attention` is `jax` with its train step's attention in XLA's ops instead of
+`lm.cpu_gemm`'s kernel (`lm.model.cpu_attention(0)`): the kernel's share of the step, measured in
+the same interleaved run (its rollout is `jax`'s: the sampler picks its own kernels).
 
 The last argument is the step's dtype (float32 unless given): "bfloat16" keeps float32 master
 weights, gradients and AdamW state on both sides and runs the products on bfloat16 operands (JAX:
@@ -46,7 +50,7 @@ class JaxSide:
   (`Sampler.refresh`, as `dpa_grpo.train` does, counted in the train step: `step.apply` donates
   the buffers the sampler viewed)."""
 
-  def __init__(self, path: str, dtype: str = "float32"):
+  def __init__(self, path: str, dtype: str = "float32", attention_threads: int | None = None):
     import jax
 
     from benchmarks.train_step_bench import JaxStep
@@ -58,6 +62,7 @@ class JaxSide:
     self.trainer = JaxStep(path, batch, self.settings["chunks"], compute_dtype=dtype)
     self.sampler = sampler_lib.Sampler(self.trainer.policy(), config=config_lib.ExperimentConfig().sampler)
     self.calls = 0
+    self.attention_threads = attention_threads  # None: `lm.model`'s default (the kernel, one device)
 
   def greedy(self, new: int) -> dict:
     out = self.sampler.generate(self.settings["prompts"], max_new_tokens=new, temperature=0.0)
@@ -77,7 +82,10 @@ class JaxSide:
     return {"tokens": sum(len(t) for per_prompt in out.tokens for t in per_prompt)}
 
   def train(self) -> dict:
-    loss, norm = self.trainer.step()
+    from lm import model as model_lib
+
+    with model_lib.cpu_attention(self.attention_threads):  # read as the step is first traced
+      loss, norm = self.trainer.step()
     self.sampler.model = self.trainer.policy()
     self.sampler.refresh()
     return {"loss": loss, "grad_norm": norm}
@@ -142,7 +150,12 @@ class TorchSide:
     return {"loss": loss, "grad_norm": norm}
 
 
-SIDES = {"jax": JaxSide, "torch": TorchSide, "torch_window": functools.partial(TorchSide, window=True)}
+SIDES = {
+  "jax": JaxSide,
+  "jax_xla_attention": functools.partial(JaxSide, attention_threads=0),
+  "torch": TorchSide,
+  "torch_window": functools.partial(TorchSide, window=True),
+}
 
 
 if __name__ == "__main__":

@@ -65,13 +65,9 @@ DTYPES = (jnp.float32, jnp.bfloat16)  # the weight dtypes the kernel packs
 KERNEL_MAX_ROWS_BF16 = 24
 DEFAULT_BLOCK = 64  # columns per block where no library is loaded (a packed weight is then unpacked)
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # a masked score (lm.model's; finite: no NaN when all are)
-# -mprefer-vector-width=512: the attention kernels' loops are left to the compiler, which on
-# AVX-512 CPUs otherwise vectorises them 256 bits wide (GCC's tuning); 512 ran the float32 forward
-# and backward at rl_bench's shape in 26.5 ms against 32.8 (the GEMM's intrinsics are unaffected).
 _FLAGS = (
   "-O3",
   "-march=native",
-  "-mprefer-vector-width=512",
   "-std=c++17",
   "-shared",
   "-fPIC",

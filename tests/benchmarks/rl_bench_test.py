@@ -17,12 +17,21 @@ ROOT = pathlib.Path(__file__).parents[2]
 @pytest.mark.integration
 def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_they_agree(tmp_path):
   out = tmp_path / "rl.json"
+  sides = "jax,jax_xla_attention,torch,torch_window"  # the default's three and the kernel-off JAX
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the tests' 8 fake devices
   # One thread a side: the suite's other xdist worker holds the other core, and PyTorch's two OpenMP
   # threads, one waiting on a busy core, made each torch step 3.3 s instead of 0.07 s (this test
   # 72 -> 46 s, one run each on a loaded 2-core machine).
   proc = subprocess.run(
-    [sys.executable, "-m", "benchmarks.rl_bench", "--quick", "--threads=1", f"--out={out}"],
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.rl_bench",
+      "--quick",
+      "--threads=1",
+      f"--out={out}",
+      f"--sides={sides}",
+    ],
     cwd=ROOT,
     env=env,
     capture_output=True,
@@ -36,7 +45,7 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_the
   setup = record["setup"]
   for dtype in record["dtypes"]:
     results = record["results"][dtype]
-    assert set(results) == {"jax", "torch", "torch_window"}, dtype
+    assert set(results) == set(sides.split(",")), dtype
     for side, r in results.items():
       assert len(r["trials"]) == 3, (dtype, side)
       assert all(t["rollout_s"] > 0 and t["train_s"] > 0 for t in r["trials"]), (dtype, side)
@@ -51,7 +60,8 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_the
     # every row (a later near-tie may flip, and the row then diverges).
     tolerance = rl_bench.TOLERANCES[dtype]
     assert record["tolerances"][dtype] == {"loss_rtol": tolerance.loss_rtol, "norm_rtol": tolerance.norm_rtol}
-    assert set(record["agreement"][dtype]) == {"torch", "torch_window"}
+    # jax_xla_attention: the same step with XLA's attention ops, within the same tolerances of jax
+    assert set(record["agreement"][dtype]) == {"jax_xla_attention", "torch", "torch_window"}
     for side, agree in record["agreement"][dtype].items():
       assert agree["within_tolerance"], (dtype, side, agree)
       assert agree["loss_abs_diff"] <= tolerance.loss_rtol * max(1.0, abs(results[side]["first_loss"]))
@@ -75,7 +85,7 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_the
   assert bounds["bfloat16"] == pytest.approx(2 * bounds["float32"])
   # Each side's bfloat16 step against its own float32 one: a rounding gap, within the bfloat16
   # tolerance too.
-  assert set(record["bfloat16_gap"]) == {"jax", "torch", "torch_window"}
+  assert set(record["bfloat16_gap"]) == set(sides.split(","))
   for side, gap in record["bfloat16_gap"].items():
     assert 0 <= gap["grad_norm_rel_diff"] <= rl_bench.TOLERANCES["bfloat16"].norm_rtol, (side, gap)
   assert record["peak_gflop_s"] > 0 and record["bandwidth_gb_s"] > 0
