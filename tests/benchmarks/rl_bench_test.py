@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).parents[2]
 @pytest.mark.integration
 def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_they_agree(tmp_path):
   out = tmp_path / "rl.json"
-  sides = "jax,jax_xla_attention,torch,torch_window"  # the default's three and the kernel-off JAX
+  sides = "jax,torch,torch_window"  # the default (jax_xla_attention is jax with one context changed)
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the tests' 8 fake devices
   # One thread a side: the suite's other xdist worker holds the other core, and PyTorch's two OpenMP
   # threads, one waiting on a busy core, made each torch step 3.3 s instead of 0.07 s (this test
@@ -60,8 +60,7 @@ def test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_the
     # every row (a later near-tie may flip, and the row then diverges).
     tolerance = rl_bench.TOLERANCES[dtype]
     assert record["tolerances"][dtype] == {"loss_rtol": tolerance.loss_rtol, "norm_rtol": tolerance.norm_rtol}
-    # jax_xla_attention: the same step with XLA's attention ops, within the same tolerances of jax
-    assert set(record["agreement"][dtype]) == {"jax_xla_attention", "torch", "torch_window"}
+    assert set(record["agreement"][dtype]) == {"torch", "torch_window"}
     for side, agree in record["agreement"][dtype].items():
       assert agree["within_tolerance"], (dtype, side, agree)
       assert agree["loss_abs_diff"] <= tolerance.loss_rtol * max(1.0, abs(results[side]["first_loss"]))

@@ -36,25 +36,20 @@ def test_the_cpu_run_profiles_the_planned_row(tmp_path):
     "--pairs=1",
     "--cpu",
     "--skip_deviceless",
-    "--attention=blockwise,xla,xla:bfloat16",
+    "--attention=blockwise,xla:bfloat16",  # (xla in float32 equals blockwise: tests/lm/attention_test.py)
   ]
   assert device_profile.main(argv) == 0
   record = json.loads((tmp_path / "profile.json").read_text())
-  blockwise, xla = record["profile"]["blockwise"], record["profile"]["xla"]
+  blockwise = record["profile"]["blockwise"]
   assert re.match(r"verifier, \d+ rows x 64 tokens", blockwise["program"]) and blockwise["seconds_traced"] > 0
   assert blockwise["summary"]["events"] > 0 and blockwise["summary"]["top_names"]
-  # 64-token rows are longer than the tiny model's attention block, so "xla" runs the fused path:
-  # the same gradients and loss from the same weights and batch.
-  assert (
-    xla["relative_grad_difference_from_blockwise"] < 1e-4
-    and abs(xla["loss_difference_from_blockwise"]) < 1e-5
-  )
   assert blockwise["grad_norm"] > 0
+  # 64-token rows are longer than the tiny model's attention block, so "xla" runs the fused path;
   # a dtype variant reads the same weights (rounded to the preset's dtype, then cast): bfloat16
   # arithmetic moves the gradient measurably, not wholly
   low = record["profile"]["xla:bfloat16"]
-  assert low["dtype"] == "bfloat16" and xla["dtype"] == blockwise["dtype"] == "float32"
+  assert low["dtype"] == "bfloat16" and blockwise["dtype"] == "float32"
   assert 1e-4 < low["relative_grad_difference_from_blockwise"] < 0.5
-  assert low["grad_cosine_with_blockwise"] > 0.95 and xla["share_of_large_entries_10pct_off_blockwise"] == 0.0
+  assert low["grad_cosine_with_blockwise"] > 0.95
   with gzip.open(tmp_path / "accumulate.hlo.txt.gz", "rt") as f:
     assert "ENTRY" in f.read()
