@@ -11,9 +11,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # smoke command with an empty compilation cache (tests/dpa_grpo/smoke_test.py alone, 2026-12-05):
 # 74.5 s by default, 66.4 s at O1, 83.1 s at O0. LLVM's level changes neither the HLO nor XLA's
 # buffer assignment (the plans' memory figures).
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=1"
-).strip()
+_FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=1"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAGS).strip()
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
