@@ -307,6 +307,17 @@ int64_t TotalThreads(ffi::ThreadPool& pool, int64_t threads, int64_t most) {
   return std::max<int64_t>(1, std::min({total, pool_threads + 1, most}));
 }
 
+// Runs body(0..units-1), each unit on one thread: on the caller alone, or claimed by it and tasks
+// on XLA's pool (`threads` as TotalThreads's). The attention kernels' units are (row, kv head).
+void EachUnit(ffi::ThreadPool& pool, int64_t threads, int64_t units, std::function<void(int64_t)> body) {
+  const int64_t helpers = TotalThreads(pool, threads, units) - 1;
+  if (helpers <= 0) {
+    for (int64_t i = 0; i < units; ++i) body(i);
+  } else {
+    ParallelChunks(pool, helpers, units, std::move(body));
+  }
+}
+
 // Computes p (its tile rows set here) on the caller and, with threads, on XLA's intra-op pool.
 template <typename W>
 ffi::Error Run(Problem<W> p, ffi::ThreadPool& pool, int64_t threads) {
@@ -414,12 +425,7 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ff
     DecodeHead(qp + i * g * h, kp + i * s * h, vp + i * s * h, mp + (i / heads) * s, op + i * g * h, g, s, h,
                scale, scores.get());
   };
-  const int64_t helpers = TotalThreads(pool, threads, b * heads) - 1;
-  if (helpers <= 0) {
-    for (int64_t i = 0; i < b * heads; ++i) pair(i);
-  } else {
-    ParallelChunks(pool, helpers, b * heads, pair);
-  }
+  EachUnit(pool, threads, b * heads, pair);
   return ffi::Error::Success();
 }
 
@@ -703,17 +709,6 @@ bool AttentionShapes(ffi::Span<const int64_t> qd, ffi::Span<const int64_t> kd, f
   return true;
 }
 
-template <typename Body>
-void EachUnit(ffi::ThreadPool& pool, int64_t threads, int64_t batch, int64_t heads, Body body) {
-  const int64_t units = batch * heads;
-  const int64_t helpers = TotalThreads(pool, threads, units) - 1;
-  if (helpers <= 0) {
-    for (int64_t i = 0; i < units; ++i) body(i / heads, i % heads);
-  } else {
-    ParallelChunks(pool, helpers, units, [body, heads](int64_t i) { body(i / heads, i % heads); });
-  }
-}
-
 // q [B, T, K, G, H], k and v [B, K, S, H], mask [B, T, S] -> out [B, T, K, G, H] and the log-sum-exp
 // of each query's scores lse [B, T, K, G] (what the backward recomputes the probabilities from).
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
@@ -730,7 +725,8 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
   const bool* mp = mask.typed_data();
   float *op = out->typed_data(), *lp = lse->typed_data();
-  EachUnit(pool, threads, batch, shape.heads, [=](int64_t b, int64_t kh) {
+  EachUnit(pool, threads, batch * shape.heads, [=](int64_t i) {
+    const int64_t b = i / shape.heads, kh = i % shape.heads;
     AttentionUnit u = shape;
     u.mask = mp + b * u.t * u.s;
     u.Ranges();
@@ -763,7 +759,8 @@ ffi::Error AttentionBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, 
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data(), *op = out.typed_data(),
               *lp = lse.typed_data(), *dop = dout.typed_data();
   const bool* mp = mask.typed_data();
-  EachUnit(pool, threads, batch, shape.heads, [=](int64_t b, int64_t kh) {
+  EachUnit(pool, threads, batch * shape.heads, [=](int64_t i) {
+    const int64_t b = i / shape.heads, kh = i % shape.heads;
     AttentionUnit u = shape;
     u.mask = mp + b * u.t * u.s;
     u.Ranges();
@@ -795,36 +792,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16, PackedGemmImpl<ffi::BF16>,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads"));
 
+// The attention kernels' shared leading arguments: the pool, then q, k, v (float32) and the mask.
+static auto AttentionBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::PRED>>();
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                              AttentionBinding()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttention, AttentionImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                              AttentionBinding()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttentionBackward, AttentionBackwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                              AttentionBinding()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

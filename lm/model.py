@@ -488,21 +488,22 @@ def sequence_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, 
   over [B, K, G, T, S] with layout copies between them: about 37% of a float32 train step for 4%
   of its FLOPs at rl_bench's shape (docs/results/2026-12-04-bf16-cpu.md). The kernel keeps a tile
   of scores in cache and saves only the output and each query's log-sum-exp for the backward."""
-  f32 = lambda x: x.astype(jnp.float32)
-  return cpu_gemm.sequence_attention(f32(q), f32(k), f32(v), mask, scale, threads)[0].astype(q.dtype)
+  return _sequence_attention_fwd(q, k, v, mask, scale, threads)[0]
+
+
+def _f32(x: Array) -> Array:
+  return x.astype(jnp.float32)
 
 
 def _sequence_attention_fwd(q, k, v, mask, scale, threads):
-  f32 = lambda x: x.astype(jnp.float32)
-  out, lse = cpu_gemm.sequence_attention(f32(q), f32(k), f32(v), mask, scale, threads)
+  out, lse = cpu_gemm.sequence_attention(_f32(q), _f32(k), _f32(v), mask, scale, threads)
   return out.astype(q.dtype), (q, k, v, mask, out, lse)
 
 
 def _sequence_attention_bwd(scale, threads, saved, cotangent):
   q, k, v, mask, out, lse = saved
-  f32 = lambda x: x.astype(jnp.float32)
   dq, dk, dv = cpu_gemm.sequence_attention_bwd(
-    f32(q), f32(k), f32(v), mask, out, lse, f32(cotangent), scale, threads
+    _f32(q), _f32(k), _f32(v), mask, out, lse, _f32(cotangent), scale, threads
   )
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
