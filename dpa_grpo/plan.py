@@ -257,6 +257,7 @@ def search(
     overrides = {"loss.remat": remat, "train.pairs_per_chunk": pairs, **_mesh_overrides(exp.mesh)}
     label = plan_lib.mesh_label(exp.mesh, target.devices)
     progress.say(f"plan {target.name}: compiling accumulate and apply, remat {remat}, {pairs} pairs, {label}")
+    plan_lib.release()
     try:
       train_programs = programs(exp, target, sample=False, length=length)
     except Exception as e:  # noqa: BLE001 -- an out-of-memory refusal is a candidate that does not fit
@@ -284,6 +285,7 @@ def search(
       rows //= 2
       continue
     progress.say(f"plan {target.name}: compiling the sampler at {rows} rows")
+    plan_lib.release()
     try:
       (sampled,) = programs(at, target, train=False, length=length, prompt_tokens=prompt_tokens)
       why = None if sampled.peak <= budget else f"peak {sampled.peak / plan_lib.GiB:.1f} GiB"

@@ -223,6 +223,7 @@ def search(
         tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
         continue
       progress.say(f"plan {target.name}: compiling {at}")  # a search may take an hour
+      plan_lib.release()
       try:
         compiled = program(
           config, role, target, rows=rows, prompt_tokens=prompt_tokens, mesh=mesh, resident=resident

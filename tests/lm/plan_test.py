@@ -193,3 +193,15 @@ def test_cudnn_attention_is_planned_as_blockwise_without_a_gpu():
   config.model.overrides = dict(config.model.overrides, attention_block=16)
   su = dpa_plan.shaped_step(config_lib.ExperimentConfig.from_dict(config.to_dict()), target, 64)
   assert step.accumulate.lower(*su.accumulate_args, **su.accumulate_kwargs).compile() is not None
+
+
+def test_release_drops_what_earlier_compiles_cached():
+  """A search calls `release` before each candidate: the executables and traces JAX kept of the
+  last ones are gone, so a search's memory does not grow with its candidates."""
+  f = jax.jit(lambda x: x * 2 + 1)
+  f(jnp.ones(3))
+  f(jnp.ones(4))
+  assert f._cache_size() == 2
+  plan_lib.release()
+  assert f._cache_size() == 0
+  assert float(f(jnp.ones(3))[0]) == 3.0  # and compiles again on its next call
