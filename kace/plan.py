@@ -196,11 +196,22 @@ def search(
   resident: int = 0,
   prompt_tokens: int = PROMPT_TOKENS,
   search_mesh: bool = True,
+  frugal: bool = False,
 ) -> Choice:
   """The most rows a call (at most `most`) and, at that row count, the first mesh
   (`lm.plan.mesh_candidates`: the role's own first, then the least communication first) whose
   program fits `budget` beside `resident` bytes; the last compiled when none does. A candidate is
-  skipped uncompiled when its weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`)."""
+  skipped uncompiled when its weights and KV cache alone exceed the budget (`lm.plan.sampler_floor`).
+
+  `frugal` (the build roles' search, `choose`): one row on each mesh, the least memory first (the
+  lowest floor at one row; at equal floors one that does not replicate the KV heads over tp, then
+  the most tp, which also splits the prefill's temporaries by heads), until one fits; then rows
+  ascending on that mesh until one does not fit. Why: a 32B teacher was compiled at every mesh for
+  every row count from its most down, 8-11 min a TPU compile here (v6e-8 ran 95 min without an
+  answer, docs/results/2026-12-05-plan-table.md). "Fits nowhere" stays exact (every mesh at one
+  row), in a third of the compiles; where it fits, the rows are the most on the first mesh that
+  fits one row, which may be fewer than another mesh would take: for a role a build calls a few
+  times, the fit is what matters."""
   section = config["roles"][role]
   model_cfg, _ = planned_model(config, role)
   first = plan_lib.across_slices(sharding_lib.MeshConfig(**section["mesh"]), target)
@@ -209,8 +220,16 @@ def search(
   prompt = role_prompt_tokens(config, role, prompt_tokens)
   length = prompt + config[ROLE_SAMPLING.get(role, "role_sampling")]["max_tokens"]
   prefix = "" if role == "solver" else f"{role}: "
-  choice, tried = None, []
-  for rows in [r for r in ROWS if r <= most] or [most]:
+  floor = lambda mesh, rows: (  # noqa: E731
+    plan_lib.sampler_floor(model_cfg, section["dtype"], mesh.shape(target.devices), rows, length) + resident
+  )
+  row_counts = [r for r in ROWS if r <= most] or [most]
+  if frugal:
+    meshes = sorted(meshes, key=lambda m: (floor(m[0], 1), bool(m[1]), -m[0].shape(target.devices)[2]))
+    row_counts = row_counts[::-1]
+  choice, fitting, tried = None, None, []
+  for rows in row_counts:
+    fits_now = False
     for mesh, note in meshes:
       shape = mesh.shape(target.devices)
       at = f"{prefix}{rows} rows, {plan_lib.mesh_label(mesh, target.devices)}" + (
@@ -218,9 +237,9 @@ def search(
       )
       overrides = {f"roles.{role}.sampler.max_rows": rows}
       overrides |= {f"roles.{role}.mesh.{k}": v for k, v in zip(("data", "fsdp", "tp"), shape, strict=True)}
-      floor = plan_lib.sampler_floor(model_cfg, section["dtype"], shape, rows, length) + resident
-      if floor > budget:  # a lower bound over the budget: cannot fit, not compiled
-        tried.append(f"{at}: not compiled, weights + KV cache alone {floor / plan_lib.GiB:.1f} GiB (model)")
+      alone = floor(mesh, rows)
+      if alone > budget:  # a lower bound over the budget: cannot fit, not compiled
+        tried.append(f"{at}: not compiled, weights + KV cache alone {alone / plan_lib.GiB:.1f} GiB (model)")
         continue
       progress.say(f"plan {target.name}: compiling {at}")  # a search may take an hour
       plan_lib.release()
@@ -239,9 +258,16 @@ def search(
       choice = Choice(
         overrides=overrides, programs=[compiled], fits=compiled.peak <= budget, tried=tuple(tried)
       )
-      if choice.fits:
+      if choice.fits and not frugal:
         return choice
+      if choice.fits:
+        fitting, fits_now, meshes = choice, True, [(mesh, note)]  # more rows: on this mesh only
+        break
       tried.append(f"{at}: peak {compiled.peak / plan_lib.GiB:.1f} GiB")
+    if frugal and not fits_now:  # ascending: the first row count that does not fit ends the search
+      break
+  if fitting is not None:
+    return dataclasses.replace(fitting, tried=tuple(tried))
   if choice is None:  # every candidate skipped uncompiled
     return Choice(overrides={}, programs=[], fits=False, tried=tuple(tried))
   return dataclasses.replace(choice, tried=tuple(tried))
@@ -282,7 +308,7 @@ def choose(
     notes += [n for n in (planned_model(config, role)[1],) if n]
     found = search(
       config, role, target, budget, most=config["roles"][role]["sampler"]["max_rows"], resident=held + others,
-      prompt_tokens=prompt_tokens, search_mesh=search_mesh,
+      prompt_tokens=prompt_tokens, search_mesh=search_mesh, frugal=True,
     )  # fmt: skip
     tried += found.tried
     named = [dataclasses.replace(p, name=f"sample ({label})") for p in found.programs]

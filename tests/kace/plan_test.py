@@ -86,3 +86,27 @@ def test_where_the_solver_does_not_fit_beside_the_teacher_the_preset_carries_row
   )
   solver_mesh = kace_plan._mesh_of(choice.overrides, "solver")
   assert taught.resident == kace_plan.held_bytes(config, "solver", target, solver_mesh)
+
+
+def test_a_build_roles_search_climbs_rows_on_its_most_frugal_mesh_and_stops_at_the_first_miss():
+  config = _tiny()
+  target = plan_lib.cpu_target(8, 2**30)
+  roomy = kace_plan.search(config, "teacher", target, 2**30, most=4, prompt_tokens=16, frugal=True)
+  mesh = kace_plan._mesh_of(roomy.overrides, "teacher")
+  # The lowest floor at one row: weights and KV split 8 ways; at equal floors the most tp that
+  # divides the tiny model's 2 KV heads (tp 4 would replicate them).
+  assert (mesh.data, mesh.fsdp, mesh.tp) == (1, 4, 2)
+  peaks = {
+    r: kace_plan.program(config, "teacher", target, rows=r, prompt_tokens=16, mesh=mesh).peak for r in (1, 2)
+  }
+  assert roomy.fits and roomy.overrides["roles.teacher.sampler.max_rows"] == 4 and not roomy.tried
+  between = kace_plan.search(
+    config, "teacher", target, (peaks[1] + peaks[2]) // 2, most=4, prompt_tokens=16, frugal=True
+  )
+  assert between.fits and between.overrides["roles.teacher.sampler.max_rows"] == 1
+  assert len(between.tried) == 1 and between.tried[0].startswith("teacher: 2 rows")  # 4 rows never compiled
+  # Where nothing fits (here each mesh's floor alone is over the budget): every mesh tried at one
+  # row, none at more.
+  meshes = plan_lib.mesh_candidates(target, kace_plan.planned_model(config, "teacher")[0], mesh)
+  short = kace_plan.search(config, "teacher", target, 1, most=4, prompt_tokens=16, frugal=True)
+  assert not short.fits and [t.split(",")[0] for t in short.tried] == ["teacher: 1 rows"] * len(meshes)
