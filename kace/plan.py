@@ -2,7 +2,8 @@
 at the preset's sampling budget with the most rows a call (`sampler.max_rows`, up to 256) on the
 first mesh searched that fits with headroom (what `launch.kace_eval` runs); and where the preset
 runs its teacher and curator in the same process (`kind: jax`, e.g. Qwen3-32B), their sampler
-planned beside the solver's resident weights, and the solver's program beside theirs (what
+planned beside the solver's resident weights (the frugal search: the mesh that fits one row with
+the least memory, then as many rows as fit on it), and the solver's program beside theirs (what
 `launch.kace_build` runs: `kace.methods.role` keeps every role it loads). KACE trains nothing, so
 the samplers are its only programs.
 
