@@ -13,15 +13,12 @@
 #include <chrono>
 #include <algorithm>
 #include <vector>
-struct alignas(64) TileCfg { uint8_t palette; uint8_t start; uint8_t r[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+#include "amx.h"
 // A [MB][KB][2][16][32], B [NB][KB][2][16][16][2]; C [M, N]; blocks (mb, nb) in order mb outer.
 // variant 0: zero, loop, store. 1: next block's first A, B tile loads hoisted above the stores (pipelined).
 // 2: no store. 3: prefetch next block's first PF steps before stores.
 int main(int argc, char** argv) {
-  syscall(SYS_arch_prctl, 0x1023, 18);
-  TileCfg c; memset(&c, 0, sizeof c); c.palette = 1;
-  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
-  _tile_loadconfig(&c);
+  amx_init();
   long M = atol(argv[1]), K = atol(argv[2]), N = atol(argv[3]); int var = atoi(argv[4]); int PF = argc > 5 ? atoi(argv[5]) : 2;
   long KB = K / 32, MB = M / 32, NB = N / 32;
   uint16_t* A = (uint16_t*)aligned_alloc(4096, M * K * 2); uint16_t* B = (uint16_t*)aligned_alloc(4096, K * N * 2);
@@ -42,12 +39,7 @@ int main(int argc, char** argv) {
         _tile_loadd(5, a + 512, 64); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); kb = 1;
       }
       for (; kb < KB; ++kb) {
-        _tile_loadd(4, a + kb * 1024, 64); _tile_loadd(6, b + kb * 1024, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b + kb * 1024 + 512, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, a + kb * 1024 + 512, 64);
-        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        amx_step(a + kb * 1024, b + kb * 1024);
       }
       long j = i + 1; long mb2 = j / NB, nb2 = j % NB;
       const uint16_t* a2 = A + (j < nblocks ? mb2 : 0) * KB * 1024; const uint16_t* b2 = B + (j < nblocks ? nb2 : 0) * KB * 1024;

@@ -13,12 +13,7 @@
 #include <cmath>
 #include <random>
 #include <algorithm>
-struct alignas(64) TileCfg { uint8_t palette; uint8_t start; uint8_t r[14]; uint16_t colsb[16]; uint8_t rows[16]; };
-static void config() {
-  TileCfg c; memset(&c, 0, sizeof c); c.palette = 1;
-  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
-  _tile_loadconfig(&c);
-}
+#include "amx.h"
 static int64_t up32(int64_t v) { return (v + 31) / 32 * 32; }
 // W [K, N] bf16 bits -> [Np/32][Kp/32][2][16 pairs][16 cols][2], zero-padded
 static void packB(const uint16_t* w, int64_t K, int64_t N, uint16_t* out) {
@@ -71,12 +66,7 @@ static void block(const uint16_t* ap, const uint16_t* bp, float* y, int64_t M, i
         if (k0 == 0) { _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); }
         else { _tile_loadd(0, c, ld); _tile_loadd(1, c + 16, ld); _tile_loadd(2, c + half, ld); _tile_loadd(3, c + half + 16, ld); }
         for (int64_t kb = k0; kb < k1; ++kb) {
-          _tile_loadd(4, a + kb * 1024, 64); _tile_loadd(6, b + kb * 1024, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_loadd(7, b + kb * 1024 + 512, 64);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, a + kb * 1024 + 512, 64);
-          _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+          amx_step(a + kb * 1024, b + kb * 1024);
         }
         _tile_stored(0, c, ld); _tile_stored(1, c + 16, ld); _tile_stored(2, c + half, ld); _tile_stored(3, c + half + 16, ld);
         if (!full) {
@@ -97,7 +87,7 @@ struct Gemm {
     const int64_t units = mcs * ncs, mbs = Mp / 32;
     std::atomic<int64_t> next_pack{0}, packed{0}, next{0};
     auto work = [&]() {
-      config();
+      amx_config();
       for (int64_t i; (i = next_pack.fetch_add(1)) < mbs;) { packA(x, M, K, i * 32, ap + i * KB * 1024); packed.fetch_add(1); }
       while (packed.load() < mbs) {}
       for (int64_t u; (u = next.fetch_add(1)) < units;) {
@@ -115,7 +105,7 @@ struct Gemm {
 static uint16_t bf(float f) { uint32_t u; memcpy(&u, &f, 4); return (u + 0x7fff + ((u >> 16) & 1)) >> 16; }
 static float fl(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 int main(int argc, char** argv) {
-  syscall(SYS_arch_prctl, 0x1023, 18);
+  syscall(SYS_arch_prctl, 0x1023, 18);  // the tiles' state for every thread
   int threads = argc > 1 ? atoi(argv[1]) : 1; KC = argc > 2 ? atoi(argv[2]) : 256; NC = argc > 3 ? atoi(argv[3]) : 512; MC = argc > 4 ? atoi(argv[4]) : 128;
   int64_t shapes[][3] = {{256, 1024, 6144}, {256, 3072, 1024}, {256, 1024, 4096}, {256, 2048, 1024}, {512, 1024, 6144}, {100, 1000, 3000}, {64, 1024, 151936}};
   std::mt19937 rng(0); std::normal_distribution<float> nd;

@@ -7,12 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <chrono>
-struct alignas(64) TileCfg { uint8_t palette; uint8_t start; uint8_t r[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+#include "amx.h"
 int main() {
-  syscall(SYS_arch_prctl, 0x1023, 18);
-  TileCfg c; memset(&c, 0, sizeof c); c.palette = 1;
-  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
-  _tile_loadconfig(&c);
+  amx_init();
   alignas(64) static uint16_t buf[16 * 32] = {};
   _tile_loadd(4, buf, 64); _tile_loadd(5, buf, 64); _tile_loadd(6, buf, 64); _tile_loadd(7, buf, 64);
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);

@@ -10,12 +10,9 @@
 #include <cstring>
 #include <chrono>
 #include <vector>
-struct alignas(64) TileCfg { uint8_t palette; uint8_t start; uint8_t r[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+#include "amx.h"
 int main(int argc, char** argv) {
-  syscall(SYS_arch_prctl, 0x1023, 18);
-  TileCfg c; memset(&c, 0, sizeof c); c.palette = 1;
-  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
-  _tile_loadconfig(&c);
+  amx_init();
   long span = atol(argv[1]); int pf = atoi(argv[2]); int dist = argc > 3 ? atoi(argv[3]) : 2;
   uint16_t* Ap = (uint16_t*)aligned_alloc(4096, 16384); uint16_t* Bp = (uint16_t*)aligned_alloc(4096, span + 131072); memset(Ap, 0, 16384); memset(Bp, 0, span + 131072); struct { uint16_t* p; uint16_t* data() { return p; } } A{Ap}, B{Bp};
   long tiles = span / 1024;
@@ -27,9 +24,7 @@ int main(int argc, char** argv) {
     for (long i = 0; i < n; ++i) {
       const uint16_t* ap = A.data() + ta * 512; const uint16_t* bp = B.data() + t * 512;
       if (pf) { const char* q = (const char*)(bp + dist * 1024); for (int l = 0; l < 2048; l += 64) _mm_prefetch(q + l, _MM_HINT_T0); }
-      _tile_loadd(4, ap, 64); _tile_loadd(6, bp, 64); _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, bp + 512, 64); _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, ap + 512, 64); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+      amx_step(ap, bp);
       t += 2; if (t + 2 > tiles) t = 0;
       ta = (ta + 2) & 7;
     }

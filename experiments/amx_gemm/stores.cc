@@ -9,12 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
-struct alignas(64) TileCfg { uint8_t palette; uint8_t start; uint8_t r[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+#include "amx.h"
 int main(int argc, char** argv) {
-  syscall(SYS_arch_prctl, 0x1023, 18);
-  TileCfg c; memset(&c, 0, sizeof c); c.palette = 1;
-  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
-  _tile_loadconfig(&c);
+  amx_init();
   int mode = atoi(argv[1]);
   float* buf = (float*)aligned_alloc(4096, 1 << 16); memset(buf, 0, 1 << 16);
   uint16_t* ab = (uint16_t*)aligned_alloc(4096, 1 << 16); memset(ab, 0, 1 << 16);
