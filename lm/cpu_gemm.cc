@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -365,92 +366,6 @@ ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   return Run(p, pool, threads);
 }
 
-// One decode step's attention for one (row, kv head): the G queries sharing that kv head over its
-// S cached keys and values, scores and softmax in float32. Each key and value is read once for all
-// G queries, so the step streams the cache once (XLA:CPU's fused multiply-reduce over
-// [B, K, G, S, H] ran at ~5x the bytes' time: 12 + 6 ms of a 76 ms bf16 step at Qwen3-0.6B's
-// shape, docs/results/2026-12-05-bf16-first-token.md).
-void DecodeHead(const float* q, const float* k, const float* v, const bool* mask, float* out,
-                int64_t g, int64_t s, int64_t h, float scale, float* scores) {
-  for (int64_t j = 0; j < g; ++j) {
-    float* row = scores + j * s;
-    const float* qj = q + j * h;
-    for (int64_t t = 0; t < s; ++t) {
-      const float* kt = k + t * h;
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t e = 0; e < h; ++e) dot += qj[e] * kt[e];
-      row[t] = mask[t] ? dot * scale : kNegInf;
-    }
-    float top = row[0];
-    for (int64_t t = 1; t < s; ++t) top = std::max(top, row[t]);
-    float total = 0.f;
-    for (int64_t t = 0; t < s; ++t) total += (row[t] = std::exp(row[t] - top));
-    const float inv = 1.f / total;
-    for (int64_t t = 0; t < s; ++t) row[t] *= inv;  // the probabilities, as the model's softmax
-  }
-  std::fill(out, out + g * h, 0.f);
-  for (int64_t t = 0; t < s; ++t) {
-    const float* vt = v + t * h;
-    for (int64_t j = 0; j < g; ++j) {
-      const float p = scores[j * s + t];
-      float* oj = out + j * h;
-#pragma omp simd
-      for (int64_t e = 0; e < h; ++e) oj[e] += p * vt[e];
-    }
-  }
-}
-
-// q [B, K, G, H], k and v [B, K, S, H] (the cache), mask [B, S] -> out [B, K, G, H], all float32
-// but the mask; (row, kv head) pairs split over the threads.
-ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                               ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask,
-                               ffi::ResultBuffer<ffi::F32> out, float scale, int64_t threads) {
-  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 2 || kd[0] != qd[0] ||
-      kd[1] != qd[1] || kd[3] != qd[3] || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] ||
-      vd[3] != kd[3] || md[0] != qd[0] || md[1] != kd[2])
-    return ffi::Error::InvalidArgument(
-        "lm_cpu_decode_attention: q must be [B, K, G, H], k and v [B, K, S, H], mask [B, S]");
-  const int64_t b = qd[0], heads = qd[1], g = qd[2], h = qd[3], s = kd[2];
-  if (b * heads * g * h == 0) return ffi::Error::Success();
-  if (s == 0) return ffi::Error::InvalidArgument("lm_cpu_decode_attention: no keys (S = 0)");
-  const float* qp = q.typed_data();
-  const float* kp = k.typed_data();
-  const float* vp = v.typed_data();
-  const bool* mp = mask.typed_data();
-  float* op = out->typed_data();
-  auto pair = [=](int64_t i) {  // i = row * heads + head
-    std::unique_ptr<float[]> scores(new float[g * s]);
-    DecodeHead(qp + i * g * h, kp + i * s * h, vp + i * s * h, mp + (i / heads) * s, op + i * g * h, g, s, h,
-               scale, scores.get());
-  };
-  EachUnit(pool, threads, b * heads, pair);
-  return ffi::Error::Success();
-}
-
-
-// ---- Attention over whole sequences (a prefill's, a train step's): forward and backward ----------
-//
-// Why: XLA:CPU runs a train step's attention as batched products over [B, K, G, T, S] scores with
-// layout copies between them, about 37% of a float32 step's time for 4% of its FLOPs at rl_bench's
-// shape (docs/results/2026-12-04-bf16-cpu.md). Here each (row, kv head) is one unit of work: its
-// G x T queries against its S keys, the scores of a tile of queries held in L1, the products done
-// as register-tiled outer products, and nothing of [T, S] size written to memory in the forward.
-// Scores, softmax and sums are float32; a masked score is kNegInf as in the model (a row with no
-// key attends every key uniformly, as its softmax does), keys past S are -inf (never counted).
-
-// The compiler vectorises these loops; on AVX-512 CPUs GCC's tuning would make them 256 bits wide.
-// 512 ran the float32 forward and backward at rl_bench's shape in 26.5 ms against 32.8 (2-core
-// AMX Xeon). Only this section: built 512 wide, the decode steps measured slower at sampler_bench's
-// shapes (a) float32 and (b) bfloat16 (0.93x, 2 trials, 2026-12-05).
-#pragma GCC push_options
-#pragma GCC target("prefer-vector-width=512")
-
-constexpr int kAttRows = 4;   // query rows of a register tile
-constexpr int kAttKeys = 64;  // keys of a scores tile; the backward's key block
-constexpr int kAttBwdRows = 16;  // query rows per backward tile (the dK, dV updates sum over them)
-
 // exp(x) in float32 within ~2 ulp, branch-free so that a loop of it vectorises (std::exp is a
 // scalar libm call: ~4M of them a float32 forward at rl_bench's shape). x = n ln2 + f with
 // |f| <= ln2 / 2 (ln2 in two parts), e^f by its degree-6 Taylor polynomial, 2^n in the exponent
@@ -474,6 +389,228 @@ inline float FastExp(float x) {
   std::memcpy(&out, &bits, 4);
   return x < lo ? 0.f : out;
 }
+
+// Each of the g rows of scores [g, s] -> its softmax, in place (as the model's: a row of masked
+// scores, all kNegInf, becomes uniform).
+inline void DecodeSoftmax(float* scores, int64_t g, int64_t s) {
+  for (int64_t j = 0; j < g; ++j) {
+    float* row = scores + j * s;
+    float top = row[0];
+    for (int64_t t = 1; t < s; ++t) top = std::max(top, row[t]);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < s; ++t) total += (row[t] = FastExp(row[t] - top));
+    const float inv = 1.f / total;
+#pragma omp simd
+    for (int64_t t = 0; t < s; ++t) row[t] *= inv;
+  }
+}
+
+// One decode step's attention for one (row, kv head): the G queries sharing that kv head over its
+// S cached keys and values, scores and softmax in float32. Each key and value is read once for all
+// G queries, so the step streams the cache once (XLA:CPU's fused multiply-reduce over
+// [B, K, G, S, H] ran at ~5x the bytes' time: 12 + 6 ms of a 76 ms bf16 step at Qwen3-0.6B's
+// shape, docs/results/2026-12-05-bf16-first-token.md). The cache is float32 or bfloat16 (T = float
+// or uint16_t, the bf16 bits): a bf16 key or value is widened in registers, so a bf16 cache
+// streams half the bytes and gives the same scores as its float32 copy.
+template <typename T>
+void DecodeHead(const float* q, const T* k, const T* v, const bool* mask, float* out, int64_t g,
+                int64_t s, int64_t h, float scale, float* scores) {
+  for (int64_t j = 0; j < g; ++j) {
+    float* row = scores + j * s;
+    const float* qj = q + j * h;
+    for (int64_t t = 0; t < s; ++t) {
+      const T* kt = k + t * h;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t e = 0; e < h; ++e) dot += qj[e] * widen(kt[e]);
+      row[t] = mask[t] ? dot * scale : kNegInf;
+    }
+  }
+  DecodeSoftmax(scores, g, s);
+  std::fill(out, out + g * h, 0.f);
+  for (int64_t t = 0; t < s; ++t) {
+    const T* vt = v + t * h;
+    for (int64_t j = 0; j < g; ++j) {
+      const float p = scores[j * s + t];
+      float* oj = out + j * h;
+#pragma omp simd
+      for (int64_t e = 0; e < h; ++e) oj[e] += p * widen(vt[e]);
+    }
+  }
+}
+
+#if defined(LM_GEMM_AVX512)
+// out[j, :] = sum_t p[j, t] v[t, :] for the g rows of probabilities p = scores [g, s], in tiles
+// of QJ queries x CN * 16 dims whose sums stay in registers over every key (a tile's sizes are
+// compile-time, so its sums never touch memory); a last partial group repeats its last query and
+// stores only the rows it has. The head dim h is a multiple of CN * 16.
+template <typename T, int QJ, int CN>
+void DecodeOutput(const float* scores, const T* v, float* out, int64_t g, int64_t s, int64_t h) {
+  for (int64_t j0 = 0; j0 < g; j0 += QJ) {
+    const float* p[QJ];
+    for (int j = 0; j < QJ; ++j) p[j] = scores + std::min<int64_t>(j0 + j, g - 1) * s;
+    for (int64_t e0 = 0; e0 < h; e0 += 16 * CN) {
+      __m512 acc[QJ][CN];
+      for (auto& a : acc)
+        for (auto& x : a) x = _mm512_setzero_ps();
+      for (int64_t t = 0; t < s; ++t) {
+        __m512 vals[CN];
+#pragma GCC unroll 8
+        for (int c = 0; c < CN; ++c) vals[c] = load16(v + t * h + e0 + 16 * c);
+#pragma GCC unroll 4
+        for (int j = 0; j < QJ; ++j) {
+          const __m512 pj = _mm512_set1_ps(p[j][t]);
+#pragma GCC unroll 8
+          for (int c = 0; c < CN; ++c) acc[j][c] = _mm512_fmadd_ps(pj, vals[c], acc[j][c]);
+        }
+      }
+      for (int j = 0; j < QJ && j0 + j < g; ++j)
+        for (int c = 0; c < CN; ++c) _mm512_storeu_ps(out + (j0 + j) * h + e0 + 16 * c, acc[j][c]);
+    }
+  }
+}
+
+// DecodeHead for a head dim that is a multiple of 16, in register tiles: the scores of 4 keys x 2
+// queries at once (8 independent sums; each key read once for both queries, the keys in memory
+// order), and the output in tiles held in registers over all S keys (`DecodeOutput`). The plain
+// loops above widen each key for every query, sum one key at a time and load and store the output
+// after every key: with a bf16 cache they ran at the arithmetic's speed, not the bytes'. 28 layers'
+// caches at Qwen3-0.6B's shape (B 4, K 8, G 2, S 192, H 128), 2 threads, 2-core AMD EPYC,
+// 2026-12-05: bf16 3.5 ms against 6.3, float32 7.0 against 7.9 (the bytes alone: 3.8 and 7.6 ms
+// at 23 GB/s); at shape (a)'s (B 8, K 4, H 64) bf16 1.7 against 4.4, float32 2.8 against 3.7.
+template <typename T>
+void DecodeHead16(const float* q, const T* k, const T* v, const bool* mask, float* out, int64_t g,
+                  int64_t s, int64_t h, float scale, float* scores) {
+  const int64_t chunks = h / 16;
+  for (int64_t j0 = 0; j0 < g; j0 += 2) {
+    const int64_t gj = std::min<int64_t>(2, g - j0);
+    const float* q0 = q + j0 * h;
+    const float* q1 = q + (j0 + gj - 1) * h;  // (the same row again where one is left)
+    int64_t t = 0;
+    for (; t + 4 <= s; t += 4) {
+      __m512 acc[2][4];
+      for (auto& a : acc)
+        for (auto& x : a) x = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {  // the keys in memory order (4 rows read side by side stream slower)
+        const T* key_row = k + (t + u) * h;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const __m512 key = load16(key_row + 16 * c);
+          acc[0][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + 16 * c), key, acc[0][u]);
+          acc[1][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + 16 * c), key, acc[1][u]);
+        }
+      }
+      for (int64_t j = 0; j < gj; ++j)
+        for (int u = 0; u < 4; ++u)
+          scores[(j0 + j) * s + t + u] = mask[t + u] ? _mm512_reduce_add_ps(acc[j][u]) * scale : kNegInf;
+    }
+    for (; t < s; ++t) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const __m512 key = load16(k + t * h + 16 * c);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + 16 * c), key, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + 16 * c), key, a1);
+      }
+      scores[j0 * s + t] = mask[t] ? _mm512_reduce_add_ps(a0) * scale : kNegInf;
+      if (gj == 2) scores[(j0 + 1) * s + t] = mask[t] ? _mm512_reduce_add_ps(a1) * scale : kNegInf;
+    }
+  }
+  DecodeSoftmax(scores, g, s);
+  // The output: whole rows of 128 dims for 2 queries (16 sums), else 64 for 4, else 16 for 4.
+  if (chunks % 8 == 0) {
+    DecodeOutput<T, 2, 8>(scores, v, out, g, s, h);
+  } else if (chunks % 4 == 0) {
+    DecodeOutput<T, 4, 4>(scores, v, out, g, s, h);
+  } else {
+    DecodeOutput<T, 4, 1>(scores, v, out, g, s, h);
+  }
+}
+#endif
+
+// q [B, K, G, H] float32, k and v [B, K, S, H] (the cache: float32, or bfloat16 for E = BF16),
+// mask [B, S] -> out [B, K, G, H] float32; (row, kv head) pairs split over the threads.
+template <ffi::DataType E>
+ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<E> k,
+                               ffi::Buffer<E> v, ffi::Buffer<ffi::PRED> mask,
+                               ffi::ResultBuffer<ffi::F32> out, float scale, int64_t threads) {
+  using T = std::conditional_t<E == ffi::DataType::BF16, uint16_t, float>;
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 2 || kd[0] != qd[0] ||
+      kd[1] != qd[1] || kd[3] != qd[3] || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] ||
+      vd[3] != kd[3] || md[0] != qd[0] || md[1] != kd[2])
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_decode_attention: q must be [B, K, G, H], k and v [B, K, S, H], mask [B, S]");
+  const int64_t b = qd[0], heads = qd[1], g = qd[2], h = qd[3], s = kd[2];
+  if (b * heads * g * h == 0) return ffi::Error::Success();
+  if (s == 0) return ffi::Error::InvalidArgument("lm_cpu_decode_attention: no keys (S = 0)");
+  const float* qp = q.typed_data();
+  const T* kp = reinterpret_cast<const T*>(k.untyped_data());
+  const T* vp = reinterpret_cast<const T*>(v.untyped_data());
+  const bool* mp = mask.typed_data();
+  float* op = out->typed_data();
+  auto pair = [=](int64_t i) {  // i = row * heads + head
+    std::unique_ptr<float[]> scores(new float[g * s]);
+    auto head = DecodeHead<T>;
+#if defined(LM_GEMM_AVX512)
+    if (h % 16 == 0) head = DecodeHead16<T>;
+#endif
+    head(qp + i * g * h, kp + i * s * h, vp + i * s * h, mp + (i / heads) * s, op + i * g * h, g, s, h, scale,
+         scores.get());
+  };
+  EachUnit(pool, threads, b * heads, pair);
+  return ffi::Error::Success();
+}
+
+
+// A KV cache write in place: cache [B, K, S, H] with update [B, K, T, H] at slots
+// [start, start + T), start = clamp(index, 0, S - T) as XLA's dynamic-update-slice; any dtype of
+// 2 or 4 bytes (the bits are copied). The result is the cache operand's buffer (the call aliases
+// them); where XLA gave it a buffer of its own, the cache is copied there first.
+// Why: XLA:CPU runs a bfloat16 dynamic-update-slice in float32 (its float normalization), as a
+// convert of the whole cache, the write, and a convert back: a pass over both caches of every
+// layer at every decode step (2.9 ms of a ~41 ms bf16 step at Qwen3-0.6B's shape, 192 slots),
+// where the write itself is B x K x H values.
+ffi::Error CacheWriteImpl(ffi::AnyBuffer cache, ffi::AnyBuffer update, ffi::Buffer<ffi::S32> index,
+                          ffi::Result<ffi::AnyBuffer> out) {
+  const auto cd = cache.dimensions(), ud = update.dimensions();
+  if (cd.size() != 4 || ud.size() != 4 || ud[0] != cd[0] || ud[1] != cd[1] || ud[3] != cd[3] || ud[2] > cd[2] ||
+      update.element_type() != cache.element_type() || out->element_type() != cache.element_type() ||
+      index.element_count() != 1)
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_cache_write: cache must be [B, K, S, H], update [B, K, T <= S, H] of its dtype, index a scalar");
+  const size_t bytes = ffi::ByteWidth(cache.element_type());
+  if (bytes != 2 && bytes != 4) return ffi::Error::InvalidArgument("lm_cpu_cache_write: 2- or 4-byte values only");
+  auto* dst = static_cast<char*>(out->untyped_data());
+  if (dst != cache.untyped_data()) std::memcpy(dst, cache.untyped_data(), cache.size_bytes());
+  const int64_t rows = cd[0] * cd[1], s = cd[2], t = ud[2], h = cd[3];
+  const int64_t start = std::clamp<int64_t>(index.typed_data()[0], 0, s - t);
+  const auto* src = static_cast<const char*>(update.untyped_data());
+  const size_t span = t * h * bytes;
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + ((r * s + start) * h) * bytes, src + r * span, span);
+  return ffi::Error::Success();
+}
+
+// ---- Attention over whole sequences (a prefill's, a train step's): forward and backward ----------
+//
+// Why: XLA:CPU runs a train step's attention as batched products over [B, K, G, T, S] scores with
+// layout copies between them, about 37% of a float32 step's time for 4% of its FLOPs at rl_bench's
+// shape (docs/results/2026-12-04-bf16-cpu.md). Here each (row, kv head) is one unit of work: its
+// G x T queries against its S keys, the scores of a tile of queries held in L1, the products done
+// as register-tiled outer products, and nothing of [T, S] size written to memory in the forward.
+// Scores, softmax and sums are float32; a masked score is kNegInf as in the model (a row with no
+// key attends every key uniformly, as its softmax does), keys past S are -inf (never counted).
+
+// The compiler vectorises these loops; on AVX-512 CPUs GCC's tuning would make them 256 bits wide.
+// 512 ran the float32 forward and backward at rl_bench's shape in 26.5 ms against 32.8 (2-core
+// AMX Xeon). Only this section: built 512 wide, the decode steps measured slower at sampler_bench's
+// shapes (a) float32 and (b) bfloat16 (0.93x, 2 trials, 2026-12-05).
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+
+constexpr int kAttRows = 4;   // query rows of a register tile
+constexpr int kAttKeys = 64;  // keys of a scores tile; the backward's key block
+constexpr int kAttBwdRows = 16;  // query rows per backward tile (the dK, dV updates sum over them)
 
 // a[r * lda + j] = sum_e x[r][e] * yt[e * ldy + j] for r < MR, j < kAttKeys (yt a [h, >= 64] panel).
 template <int MR>
@@ -802,11 +939,30 @@ static auto AttentionBinding() {
       .Arg<ffi::Buffer<ffi::PRED>>();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl<ffi::F32>,
                               AttentionBinding()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));
+
+// The same over a bfloat16 cache: q float32, k and v bfloat16.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttentionBF16, DecodeAttentionImpl<ffi::BF16>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuCacheWrite, CacheWriteImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttention, AttentionImpl,
                               AttentionBinding()

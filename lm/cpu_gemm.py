@@ -47,12 +47,16 @@ SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 TARGET = "lm_cpu_gemm_packed_f32"
 TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 weights
 TARGET_ATTENTION = "lm_cpu_decode_attention"  # a decode step's attention over a float32 cache
+TARGET_ATTENTION_BF16 = "lm_cpu_decode_attention_bf16"  # the same over a bfloat16 cache
+TARGET_CACHE_WRITE = "lm_cpu_cache_write"  # a KV cache's write in place
 TARGET_SEQUENCE_ATTENTION = "lm_cpu_attention"  # whole sequences' attention (a prefill's, a train step's)
 TARGET_SEQUENCE_ATTENTION_BWD = "lm_cpu_attention_bwd"  # its gradient
 _SYMBOLS = {
   TARGET: "LmCpuGemmPackedF32",
   TARGET_BF16: "LmCpuGemmPackedBF16",
   TARGET_ATTENTION: "LmCpuDecodeAttention",
+  TARGET_ATTENTION_BF16: "LmCpuDecodeAttentionBF16",
+  TARGET_CACHE_WRITE: "LmCpuCacheWrite",
   TARGET_SEQUENCE_ATTENTION: "LmCpuAttention",
   TARGET_SEQUENCE_ATTENTION_BWD: "LmCpuAttentionBackward",
 }
@@ -151,7 +155,13 @@ def _loaded_block() -> int | None:
     return None
   register(TARGET_BF16, path, "bfloat16")
   library = ctypes.cdll.LoadLibrary(str(path))
-  for target in (TARGET_ATTENTION, TARGET_SEQUENCE_ATTENTION, TARGET_SEQUENCE_ATTENTION_BWD):
+  for target in (
+    TARGET_ATTENTION,
+    TARGET_ATTENTION_BF16,
+    TARGET_CACHE_WRITE,
+    TARGET_SEQUENCE_ATTENTION,
+    TARGET_SEQUENCE_ATTENTION_BWD,
+  ):
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, _SYMBOLS[target])), platform="cpu")
   return register(TARGET, path)
 
@@ -264,16 +274,20 @@ def call(target: str, rows: Array, blocks: Array, threads: int, n: int) -> Array
 
 
 def decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, threads: int = -1) -> Array:
-  """One decode step's grouped-query attention over a float32 cache, by the library's kernel:
-  q [B, K, G, H], k and v [B, K, S, H] float32, mask [B, S] (True where a key may be read) ->
-  [B, K, G, H] float32; scores (times `scale`) and softmax in float32, each key and value read
-  once for the G queries of its kv head (`lm/cpu_gemm.cc` DecodeAttentionImpl). Call only where
-  `available()`; `lm.model.attention` does, for a decode step traced for XLA:CPU. Traced for
-  another platform, it is the model's own multiply-reduce (`reference_decode_attention`)."""
+  """One decode step's grouped-query attention over the cache, by the library's kernel: q
+  [B, K, G, H], k and v [B, K, S, H] both float32 or both bfloat16 (widened in registers: a bf16
+  cache streams half the bytes), mask [B, S] (True where a key may be read) -> [B, K, G, H]
+  float32; scores (times `scale`) and softmax in float32, each key and value read once for the G
+  queries of its kv head (`lm/cpu_gemm.cc` DecodeAttentionImpl). Call only where `available()`;
+  `lm.model.attention` does, for a decode step traced for XLA:CPU. Traced for another platform, it
+  is the model's own multiply-reduce (`reference_decode_attention`)."""
+  if k.dtype != v.dtype or k.dtype not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(f"decode_attention: k and v must both be float32 or bfloat16: {k.dtype}, {v.dtype}")
+  target = TARGET_ATTENTION_BF16 if k.dtype == jnp.bfloat16 else TARGET_ATTENTION
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
 
   def kernel(q, k, v, mask):
-    call = jax.ffi.ffi_call(TARGET_ATTENTION, out)
+    call = jax.ffi.ffi_call(target, out)
     return call(q, k, v, mask, scale=np.float32(scale), threads=np.int64(threads))
 
   def default(q, k, v, mask):
@@ -281,6 +295,26 @@ def decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, th
 
   args = (q.astype(jnp.float32), k, v, mask.astype(bool))
   return jax.lax.platform_dependent(*args, cpu=kernel, default=default)
+
+
+def cache_write(cache: Array, update: Array, index: Array | int) -> Array:
+  """`jax.lax.dynamic_update_slice_in_dim(cache, update, index, axis=2)` for a KV cache [B, K, S, H]
+  and an update [B, K, T, H] of its dtype, by the library's kernel in place (the call aliases the
+  cache's buffer): XLA:CPU runs a bfloat16 dynamic-update-slice in float32, a pass over the whole
+  cache (`lm/cpu_gemm.cc` CacheWriteImpl). Call only where `available()`; traced for another
+  platform, it is the dynamic-update-slice itself."""
+  if update.dtype != cache.dtype:
+    raise ValueError(f"cache_write: the update's dtype {update.dtype} is not the cache's {cache.dtype}")
+  out = jax.ShapeDtypeStruct(cache.shape, cache.dtype)
+
+  def kernel(cache, update, index):
+    return jax.ffi.ffi_call(TARGET_CACHE_WRITE, out, input_output_aliases={0: 0})(cache, update, index)
+
+  def default(cache, update, index):
+    return jax.lax.dynamic_update_slice_in_dim(cache, update, index, axis=2)
+
+  index = jnp.asarray(index, jnp.int32)
+  return jax.lax.platform_dependent(cache, update, index, cpu=kernel, default=default)
 
 
 def reference_decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:

@@ -444,18 +444,31 @@ def decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float) ->
   """A decode step's attention: q [B, K, G, H] against the cache k, v [B, K, S, H], mask [B, S]
   -> [B, K, G, H] float32 (scores and softmax in float32).
 
-  Traced for XLA:CPU over a float32 cache (`lm.sampler.cache_dtype`) inside `cpu_decode_attention`
-  (the sampler's decode loop), with `lm.cpu_gemm`'s library loaded: its kernel, which reads each
-  key and value once for the G queries of its kv head. XLA:CPU's own form, the multiply-reduces of
+  Traced for XLA:CPU over a float32 or bfloat16 cache (`lm.sampler.cache_dtype`) inside
+  `cpu_attention` (the sampler's decode loop), with `lm.cpu_gemm`'s library loaded: its kernel,
+  which reads each key and value once for the G queries of its kv head (a bf16 one widened in
+  registers). XLA:CPU's own form, the multiply-reduces of
   `cpu_gemm.reference_decode_attention` (a batched [G, H] x [H, S] product would be a generic
   dot, slower still), ran at ~5x the cache's bytes' time in bf16, recomputing the rotated queries
   for every key: 18 ms of a 76 ms step at Qwen3-0.6B's shape (B 4, S 128). Elsewhere, and for the
   gradient, that reference.
   """
   threads = _cpu_attention_threads()
-  if threads != 0 and k.dtype == jnp.float32 and v.dtype == jnp.float32:
+  if threads != 0 and k.dtype == v.dtype and k.dtype in (jnp.float32, jnp.bfloat16):
     return _decode_attention_kernel(q, k, v, mask, scale, threads)
   return cpu_gemm.reference_decode_attention(q, k, v, mask, scale)
+
+
+def cache_write(cache: Array, update: Array, index: Array | int) -> Array:
+  """The cache [B, K, S, H] with `update` [B, K, T, H] at slots from `index`: a dynamic-update-slice,
+  except a bfloat16 cache traced for XLA:CPU with `lm.cpu_gemm`'s kernels on (`cpu_attention`),
+  written in place by its kernel. XLA:CPU runs a bf16 dynamic-update-slice in float32, converting
+  the whole cache there and back: a pass over both caches of every layer at every decode step
+  (2.9 ms of a ~41 ms bf16 step at Qwen3-0.6B's shape, 192 slots; the kernel's write 1.6 us
+  against 24 us for one such cache)."""
+  if cache.dtype == jnp.bfloat16 and _cpu_attention_threads() != 0:
+    return cpu_gemm.cache_write(cache, update, index)
+  return jax.lax.dynamic_update_slice_in_dim(cache, update, index, axis=2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -842,8 +855,8 @@ def decoder_layer(
   if kv is not None:
     kv = {
       **kv,  # a shared prompt's "prefix_k" / "prefix_v" (`SharedPrefixMask`) pass through unchanged
-      "k": jax.lax.dynamic_update_slice_in_dim(kv["k"], k.astype(kv["k"].dtype), cache_index, axis=2),
-      "v": jax.lax.dynamic_update_slice_in_dim(kv["v"], v.astype(kv["v"].dtype), cache_index, axis=2),
+      "k": cache_write(kv["k"], k.astype(kv["k"].dtype), cache_index),
+      "v": cache_write(kv["v"], v.astype(kv["v"].dtype), cache_index),
     }
     if not _is_prefill(cache_index):
       k, v = kv["k"].astype(dtype), kv["v"].astype(dtype)

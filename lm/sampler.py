@@ -82,7 +82,7 @@ class SamplerConfig:
       compiles one shape for all batches up to 8 prompts).
     max_rows: most decode rows (prompts × n) in one device call; larger requests are chunked.
     cache_dtype: KV-cache dtype (default: the model's compute dtype; float32 for a bfloat16 model
-      on one CPU device, `cache_dtype()`).
+      on one CPU device without `lm.cpu_gemm`'s kernel, `cache_dtype()`).
     decode_phases: on CPU (no mesh), a decode loop in this many phases over ever larger caches
       (`_phase_ends`), so a step's attention reads about the filled part of the cache rather
       than every slot of the step bucket; 1 reads the whole cache from the first step (as
@@ -286,13 +286,14 @@ class Sampler:
     # loop and no cache grown for steps that never run (a first token's time, as a stream has it).
     longest = max(params["max_new_tokens"])
     steps = 1 if longest == 1 else round_up(longest, self.config.step_bucket)
+    one_cpu = jax.default_backend() == "cpu" and self.mesh is None
     fn = _generate_fn(
       self._graphdef,
       n,
       steps,
       self.mesh,
       self.sharding,
-      cache_dtype(self.config, self.model.dtype, jax.default_backend() == "cpu" and self.mesh is None),
+      cache_dtype(self.config, self.model.dtype, one_cpu, self._gemm_threads != 0),
       _phase_ends(steps, self.config.decode_phases, self.config.decode_phase_min_steps),
       self._gemm_threads,
       self.model.config.num_heads > self.model.config.num_kv_heads,
@@ -619,16 +620,17 @@ _CPU_DECODE_OPTIONS_NO_GROUPS = {
 }
 
 
-def cache_dtype(config: SamplerConfig, model_dtype: Any, cpu: bool) -> Any:
+def cache_dtype(config: SamplerConfig, model_dtype: Any, cpu: bool, kernel: bool = False) -> Any:
   """The KV cache's dtype: `config.cache_dtype`, else the model's compute dtype, except a bfloat16
-  model's on one CPU device (`cpu`), whose cache is float32. The same values (a bf16 key or value
-  is exact in float32), read without a conversion: the decode attention computes in float32, and
-  XLA:CPU's bf16 -> f32 converts made it 2.2x slower than the float32 cache's (one layer at
-  Qwen3-0.6B's shape, 4 rows x 192 slots: 1.36 against 0.61 ms). The cache is small beside the
-  weights on a CPU (22 MB a step at that shape, against 1.2 GB of bf16 weights)."""
+  model's on one CPU device (`cpu`) without `lm.cpu_gemm`'s decode attention (`kernel`), whose
+  cache is float32. The kernel reads a bf16 cache itself, widening in registers: half the bytes a
+  step streams from the cache. XLA's own decode attention computes in float32, and XLA:CPU's
+  bf16 -> f32 converts made it 2.2x slower than over a float32 cache (one layer at Qwen3-0.6B's
+  shape, 4 rows x 192 slots: 1.36 against 0.61 ms); a float32 cache holds the same values (a bf16
+  key or value is exact in float32)."""
   if config.cache_dtype is not None:
     return config.cache_dtype
-  return jnp.float32 if cpu and jnp.dtype(model_dtype) == jnp.bfloat16 else model_dtype
+  return jnp.float32 if cpu and not kernel and jnp.dtype(model_dtype) == jnp.bfloat16 else model_dtype
 
 
 def _decode_options(grouped: bool) -> dict[str, str]:

@@ -181,37 +181,98 @@ def test_sampler_tokens_and_logprobs_do_not_depend_on_the_kernel(param_dtype, dt
     sampler_lib.SamplerConfig(cpu_gemm_threads=-2)
 
 
+@pytest.mark.parametrize("cache", ["float32", "bfloat16"])
 @pytest.mark.parametrize("threads", [1, -1])
 @pytest.mark.parametrize(
-  "b, heads, g, s, h", [(4, 8, 2, 128, 128), (3, 2, 1, 7, 16), (2, 1, 4, 33, 64), (1, 3, 3, 1, 8)]
+  "b, heads, g, s, h",
+  [
+    (4, 8, 2, 128, 128),
+    (3, 2, 1, 7, 16),
+    (2, 1, 4, 33, 64),
+    (1, 3, 3, 1, 8),
+    (2, 2, 5, 9, 32),
+    (1, 2, 3, 6, 256),
+  ],
 )
-def test_the_decode_attention_kernel_matches_the_reference_and_its_gradient(threads, b, heads, g, s, h):
-  # lm.model.decode_attention: the kernel for the sampler's decode steps (float32 cache), XLA's
-  # multiply-reduce elsewhere; one query per kv head or several, odd key counts, masked keys.
+def test_the_decode_attention_kernel_matches_the_reference(cache, threads, b, heads, g, s, h):
+  # lm.model.decode_attention: the kernel for the sampler's decode steps (a float32 or bf16 cache),
+  # XLA's multiply-reduce elsewhere; one query per kv head or several (odd counts: the register
+  # tiles' last partial group), odd key counts, masked keys, head dims that are a multiple of 16
+  # (the tiled path: 128, 64, 16 and 32, 256) or not (8: the plain loops).
   from lm import model as model_lib
 
+  assert cpu_gemm.available()
   rng = np.random.default_rng(s)
   q = jnp.asarray(rng.standard_normal((b, heads, g, h)), jnp.float32)
-  k, v = (jnp.asarray(rng.standard_normal((b, heads, s, h)), jnp.float32) for _ in range(2))
+  k, v = (jnp.asarray(rng.standard_normal((b, heads, s, h)), cache) for _ in range(2))
   mask = jnp.asarray(rng.random((b, s)) < 0.6).at[:, -1].set(True)
   scale = h**-0.5
-  want = cpu_gemm.reference_decode_attention(q, k, v, mask, scale)
+  # a bf16 key or value is exact in float32: the kernel widens it, so its values are the
+  # reference's over the float32 copy (the reference over bf16 itself rounds the probabilities)
+  want = cpu_gemm.reference_decode_attention(q, k.astype(jnp.float32), v.astype(jnp.float32), mask, scale)
   got = jax.jit(lambda *a: cpu_gemm.decode_attention(*a, scale, threads))(q, k, v, mask)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
   # a masked key's value changes nothing: the kernel reads the mask
   v_masked = v.at[:, :, 0].set(jnp.where(mask[:, None, 0, None], v[:, :, 0], 1e6))
   again = cpu_gemm.decode_attention(q, k, v_masked, mask, scale, threads)
   np.testing.assert_allclose(np.asarray(again), np.asarray(got), atol=2e-6)
+  # no key at all: every key weighs alike, as the model's softmax does
+  none = jnp.zeros_like(mask)
+  uniform = cpu_gemm.decode_attention(q, k, v, none, scale, threads)
+  want_uniform = jnp.broadcast_to(jnp.mean(v.astype(jnp.float32), axis=2, keepdims=True), (b, heads, g, h))
+  np.testing.assert_allclose(np.asarray(uniform), np.asarray(want_uniform), atol=2e-6)
 
   def loss(q, k, v, kernel):
     with model_lib.cpu_attention(threads if kernel else 0):
       return jnp.sum(model_lib.decode_attention(q, k, v, mask, scale) ** 2)
 
-  assert "lm_cpu_decode_attention" in jax.jit(lambda *a: loss(*a, True)).lower(q, k, v).as_text()
+  target = cpu_gemm.TARGET_ATTENTION_BF16 if cache == "bfloat16" else cpu_gemm.TARGET_ATTENTION
+  assert target in jax.jit(lambda *a: loss(*a, True)).lower(q, k, v).as_text()
   assert "lm_cpu_decode_attention" not in jax.jit(lambda *a: loss(*a, False)).lower(q, k, v).as_text()
   grads = [jax.grad(loss, argnums=(0, 1, 2))(q, k, v, kernel) for kernel in (True, False)]
+  # (bf16: the reference's own probabilities are rounded to bf16, so the two differ at its precision)
+  tol = dict(atol=1e-5) if cache == "float32" else dict(rtol=0.03, atol=0.03)
   for a, c in zip(*grads, strict=True):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(c, np.float32), **tol)
+  with pytest.raises(ValueError, match="both be float32 or bfloat16"):
+    cpu_gemm.decode_attention(q, k, v.astype(jnp.float16), mask, scale, threads)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_cache_write_kernel_equals_a_dynamic_update_slice_in_place(dtype):
+  # lm.model.cache_write: a bf16 KV cache's write in place by the kernel (XLA:CPU would run the
+  # dynamic-update-slice in float32 over the whole cache), one slot or several, the start clamped
+  # as XLA's (an index past S - T writes the last T slots); an operand that is not donated keeps
+  # its values (XLA gives the result a buffer of its own, and the kernel copies the cache there).
+  from lm import model as model_lib
+
+  assert cpu_gemm.available()
+  rng = np.random.default_rng(0)
+  cache = jnp.asarray(rng.standard_normal((2, 3, 10, 16)), dtype)
+  before = np.asarray(cache, np.float32)
+  for t, index in [(1, 0), (1, 7), (4, 3), (4, 9), (10, 0)]:
+    update = jnp.asarray(rng.standard_normal((2, 3, t, 16)), dtype)
+    want = jax.lax.dynamic_update_slice_in_dim(cache, update, index, axis=2)
+    got = jax.jit(cpu_gemm.cache_write)(cache, update, index)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+  np.testing.assert_array_equal(np.asarray(cache, np.float32), before)
+
+  # in a loop, as the decode steps write: slot i gets i + 1, every slot once
+  def steps(cache, kernel):
+    def body(i, c):
+      row = jnp.full((2, 3, 1, 16), i + 1, jnp.float32).astype(c.dtype)
+      with model_lib.cpu_attention(-1 if kernel else 0):
+        return model_lib.cache_write(c, row, i)
+
+    return jax.lax.fori_loop(0, 10, body, cache)
+
+  looped = {kernel: jax.jit(steps, static_argnums=1)(cache, kernel) for kernel in (True, False)}
+  np.testing.assert_array_equal(np.asarray(looped[True], np.float32), np.asarray(looped[False], np.float32))
+  np.testing.assert_array_equal(np.asarray(looped[True], np.float32)[0, 0, :, 0], np.arange(1, 11))
+  text = jax.jit(steps, static_argnums=1).lower(cache, True).as_text()
+  assert (cpu_gemm.TARGET_CACHE_WRITE in text) == (dtype == "bfloat16")  # float32's write stays XLA's
+  with pytest.raises(ValueError, match="not the cache's"):
+    cpu_gemm.cache_write(cache, jnp.zeros((2, 3, 1, 16), jnp.float16), 0)
 
 
 @pytest.mark.parametrize("threads", [-1])  # (one thread or all: the decode kernel's test runs both)

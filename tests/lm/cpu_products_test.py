@@ -95,14 +95,18 @@ def test_a_plan_compiles_for_its_target_platform(monkeypatch):
   assert seen == ["tpu"] and model_lib._PLATFORM.get() == ""
 
 
-def test_a_bf16_model_on_one_cpu_keeps_a_float32_cache_and_samples_at_a_real_shape():
-  # The cache rule (`lm.sampler.cache_dtype`): float32 for a bf16 model on one CPU device only.
+def test_the_cache_dtype_rule_and_a_bf16_cache_read_by_the_kernel_at_a_real_shape():
+  # The cache rule (`lm.sampler.cache_dtype`): float32 for a bf16 model on one CPU device without
+  # `lm.cpu_gemm`'s decode attention only (the kernel reads a bf16 cache itself).
   config = sampler_lib.SamplerConfig()
   assert sampler_lib.cache_dtype(config, jnp.bfloat16, cpu=True) == jnp.float32
+  assert sampler_lib.cache_dtype(config, jnp.bfloat16, cpu=True, kernel=True) == jnp.bfloat16
   assert sampler_lib.cache_dtype(config, jnp.bfloat16, cpu=False) == jnp.bfloat16
   assert sampler_lib.cache_dtype(config, jnp.float32, cpu=True) == jnp.float32
   explicit = sampler_lib.SamplerConfig(cache_dtype=jnp.bfloat16)
   assert sampler_lib.cache_dtype(explicit, jnp.bfloat16, cpu=True) == jnp.bfloat16
+  wide = sampler_lib.SamplerConfig(cache_dtype=jnp.float32)
+  assert sampler_lib.cache_dtype(wide, jnp.bfloat16, cpu=True, kernel=True) == jnp.float32
   # Shape (a) of benchmarks/sampler_bench.py, bf16: its prefill's batched attention products once
   # compiled to a dot XLA:CPU refuses at run time (BF16 x BF16 = F32); a tiny model's are inlined
   # and never reach it.
@@ -111,14 +115,23 @@ def test_a_bf16_model_on_one_cpu_keeps_a_float32_cache_and_samples_at_a_real_sha
   model = Qwen(model_config, rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
   prompts = np.random.RandomState(0).randint(10, 4096, (8, 64)).tolist()
   outputs = {}
-  for dtype in (None, jnp.bfloat16):
-    sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(cache_dtype=dtype))
-    outputs[dtype] = sampler.generate(prompts, max_new_tokens=8, temperature=0.0)
-  # the float32 cache holds the same keys and values; the decode attention's probabilities are then
-  # not rounded to bf16 before the weighted sum, so log-probs agree to bf16 precision
-  first = [lp[0][0] for lp in outputs[None].logprobs]
-  np.testing.assert_allclose(first, [lp[0][0] for lp in outputs[jnp.bfloat16].logprobs], atol=0.05)
-  assert all(len(t[0]) == 8 for t in outputs[None].tokens)
+  for name, fields in {
+    "float32 cache": dict(cache_dtype=jnp.float32),
+    "default": {},  # a bf16 cache read by the kernel where it is built, else float32
+    "XLA's attention, bf16 cache": dict(cache_dtype=jnp.bfloat16, cpu_gemm_threads=0),
+  }.items():
+    sampler = sampler_lib.Sampler(model, config=sampler_lib.SamplerConfig(**fields))
+    outputs[name] = sampler.generate(prompts, max_new_tokens=8, temperature=0.0)
+  logprobs = {name: np.ravel([lp for p in out.logprobs for lp in p]) for name, out in outputs.items()}
+  # The kernel widens a bf16 key or value exactly and computes as over the float32 copy: the same
+  # tokens and log-probs to the bit as the float32 cache
+  assert outputs["default"].tokens == outputs["float32 cache"].tokens
+  np.testing.assert_array_equal(logprobs["default"], logprobs["float32 cache"])
+  # XLA's decode attention over the bf16 cache rounds its probabilities to bf16 before the weighted
+  # sum: log-probs agree to bf16 precision
+  first = {name: [lp[0][0] for lp in out.logprobs] for name, out in outputs.items()}
+  np.testing.assert_allclose(first["default"], first["XLA's attention, bf16 cache"], atol=0.05)
+  assert all(len(t[0]) == 8 for t in outputs["default"].tokens)
 
 
 def _whole_table_fusions(text: str, shape: str) -> int:
