@@ -477,8 +477,8 @@ void DecodeOutput(const float* scores, const T* v, float* out, int64_t g, int64_
 // loops above widen each key for every query, sum one key at a time and load and store the output
 // after every key: with a bf16 cache they ran at the arithmetic's speed, not the bytes'. 28 layers'
 // caches at Qwen3-0.6B's shape (B 4, K 8, G 2, S 192, H 128), 2 threads, 2-core AMD EPYC,
-// 2026-12-05: bf16 3.5 ms against 6.3, float32 7.0 against 7.9 (the bytes alone: 3.8 and 7.6 ms
-// at 23 GB/s); at shape (a)'s (B 8, K 4, H 64) bf16 1.7 against 4.4, float32 2.8 against 3.7.
+// 2026-12-05: bf16 3.5 ms against 6.3, float32 7.0 against 7.9 (the bytes alone: 2.8 and 5.7 ms
+// at 31 GB/s); at shape (a)'s (B 8, K 4, H 64) bf16 1.7 against 4.4, float32 2.8 against 3.7.
 template <typename T>
 void DecodeHead16(const float* q, const T* k, const T* v, const bool* mask, float* out, int64_t g,
                   int64_t s, int64_t h, float scale, float* scores) {
