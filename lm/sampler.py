@@ -98,8 +98,8 @@ class SamplerConfig:
       the packed weight instead: oneDNN's bf16 instructions are faster there): -1 as many as
       XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
       The attention runs the library's kernels with the same threads: the prefill's
-      (`lm.model.sequence_attention`) and the decode steps' over a float32 cache
-      (`lm.model.decode_attention`); 0 keeps XLA's ops there too.
+      (`lm.model.sequence_attention`) and the decode steps' (`lm.model.decode_attention`, over
+      a bf16 cache for a bf16 model: `cache_dtype`); 0 keeps XLA's ops there too.
     share_prefix: the n > 1 samples of a prompt share its prompt's KV cache (held once per prompt,
       each sample holding only its generated slots) instead of n copies of it: None (default)
       shares on a mesh and on accelerators, and keeps the copies on one CPU device, whose decode
