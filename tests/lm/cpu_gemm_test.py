@@ -2,6 +2,7 @@
 float64 product on every row count (decode's few, prefill's hundreds) and ragged shape, XLA's dot
 wherever it does not apply, and the sampler's tokens and log-probs unchanged by it."""
 
+import ctypes
 import platform
 import sys
 
@@ -100,6 +101,21 @@ def test_the_paths_without_avx512_match_float64(tmp_path, name, flags, width):
         for dtype, name in ((jnp.float32, target), (jnp.bfloat16, f"{target}_bf16")):
           product = lambda x, w, t=threads, name=name: cpu_gemm.call(name, x, w.blocks, t, w.n)
           assert _relative_error(rows, k, n, product, seed=rows, block_width=width, dtype=dtype) < 1e-5
+  # the decode attention's plain loops (no AVX-512: every head dim), over a float32 and a bf16 cache
+  handle = ctypes.cdll.LoadLibrary(str(library))
+  rng = np.random.default_rng(1)
+  for symbol, cache in (("LmCpuDecodeAttention", jnp.float32), ("LmCpuDecodeAttentionBF16", jnp.bfloat16)):
+    attention = f"{symbol}_{name}"
+    jax.ffi.register_ffi_target(attention, jax.ffi.pycapsule(getattr(handle, symbol)), platform="cpu")
+    for b, heads, g, s, h in [(2, 2, 2, 9, 128), (1, 3, 3, 5, 8)]:
+      q = jnp.asarray(rng.standard_normal((b, heads, g, h)), jnp.float32)
+      k, v = (jnp.asarray(rng.standard_normal((b, heads, s, h)), cache) for _ in range(2))
+      mask = jnp.asarray(rng.random((b, s)) < 0.6).at[:, -1].set(True)
+      call = jax.ffi.ffi_call(attention, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+      got = call(q, k, v, mask, scale=np.float32(h**-0.5), threads=np.int64(2))
+      wide = (k.astype(jnp.float32), v.astype(jnp.float32))
+      want = cpu_gemm.reference_decode_attention(q, *wide, mask, h**-0.5)
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
   # a weight packed for the other width is refused, naming the block width, not multiplied wrongly
   wrong = cpu_gemm.pack(jnp.ones((8, 40)), 64 if width == 16 else 16)
   with pytest.raises(jax.errors.JaxRuntimeError, match="block width"):
