@@ -549,12 +549,12 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ff
   const T* vp = reinterpret_cast<const T*>(v.untyped_data());
   const bool* mp = mask.typed_data();
   float* op = out->typed_data();
+  auto head = DecodeHead<T>;
+#if defined(LM_GEMM_AVX512)
+  if (h % 16 == 0) head = DecodeHead16<T>;
+#endif
   auto pair = [=](int64_t i) {  // i = row * heads + head
     std::unique_ptr<float[]> scores(new float[g * s]);
-    auto head = DecodeHead<T>;
-#if defined(LM_GEMM_AVX512)
-    if (h % 16 == 0) head = DecodeHead16<T>;
-#endif
     head(qp + i * g * h, kp + i * s * h, vp + i * s * h, mp + (i / heads) * s, op + i * g * h, g, s, h, scale,
          scores.get());
   };
@@ -929,14 +929,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16, PackedGemmImpl<ffi::BF16>,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads"));
 
-// The attention kernels' shared leading arguments: the pool, then q, k, v (float32) and the mask.
+// The attention kernels' shared leading arguments: the pool, then q (float32), k and v (float32,
+// or a decode step's bfloat16 cache: E) and the mask.
+template <ffi::DataType E = ffi::F32>
 static auto AttentionBinding() {
   return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::PRED>>();
+      .template Ctx<ffi::ThreadPool>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Arg<ffi::Buffer<E>>()
+      .template Arg<ffi::Buffer<E>>()
+      .template Arg<ffi::Buffer<ffi::PRED>>();
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl<ffi::F32>,
@@ -947,12 +949,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttention, DecodeAttentionImpl<ffi::F32
 
 // The same over a bfloat16 cache: q float32, k and v bfloat16.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeAttentionBF16, DecodeAttentionImpl<ffi::BF16>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                              AttentionBinding<ffi::BF16>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));
