@@ -591,6 +591,177 @@ ffi::Error CacheWriteImpl(ffi::AnyBuffer cache, ffi::AnyBuffer update, ffi::Buff
   return ffi::Error::Success();
 }
 
+// ---- A decode step's attention block: from the QKV product to the attention's output --------------
+//
+// decoder_layer's work between a decode step's fused QKV product and its output projection, for
+// one new token per row: queries and keys through their RMSNorm (Qwen3) and rope, keys and values
+// written into the cache at the step's slot, and the decode attention over the cache, in one call.
+// Why: XLA:CPU ran that work as ~20 small fusions and copies a layer (converts, slices, the norms'
+// reductions, rope's rotate-half as a concatenation) around the cache writes and the attention:
+// 3.5 ms of a 38.5 ms bf16 step at Qwen3-0.6B's shape (B 4), each a few to ~30 us, mostly moving a
+// few KB between the two cores' caches. Here each (row, kv head) is one unit on one core, from the
+// product's output to its heads' attention.
+// Rounding follows the model's ops in its compute dtype (`bf16`: every op's result rounded to
+// bfloat16, as XLA's bf16 ops; float32: none): the product's output rounded, the bias added and
+// rounded; the norm's statistics in float32, the normed value rounded, times the weight, rounded;
+// rope's two products each rounded, their sum rounded; the attention output rounded. The norm's sum
+// runs in its own order and 1 / sqrt is XLA's rsqrt to float32 round-off, so a value can differ
+// from XLA's ops by one bf16 rounding step (tests/lm/cpu_gemm_test.py bounds it).
+
+// x rounded to bfloat16 (round to nearest even; NaN stays NaN), as a float32.
+inline float RoundBF16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u |= 0x00400000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+inline void StoreAs(float x, float* p) { *p = x; }
+inline void StoreAs(float x, uint16_t* p) {
+  const float r = RoundBF16(x);
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  *p = static_cast<uint16_t>(u >> 16);
+}
+
+// A small float32 or bfloat16 array (weights, biases, rope's table) widened to float32.
+std::vector<float> Widened(const ffi::AnyBuffer& a) {
+  const size_t n = a.element_count();
+  std::vector<float> out(n);
+  if (a.element_type() == ffi::DataType::BF16) {
+    const auto* bits = static_cast<const uint16_t*>(a.untyped_data());
+    for (size_t i = 0; i < n; ++i) out[i] = widen(bits[i]);
+  } else {
+    std::memcpy(out.data(), a.untyped_data(), n * sizeof(float));
+  }
+  return out;
+}
+
+struct DecodeBlock {
+  int64_t b, heads, g, h, s, start;  // rows, kv heads, queries per kv head, head dim, slots, slot
+  float scale, eps;
+  bool bf16, norm, bias;
+  const float* qkv;  // [B, (N + 2K) * H]
+  std::vector<float> bias_v, q_norm, k_norm, cos, sin;  // [N + 2K, H], [H], [H], [B, H], [B, H]
+  const bool* mask;  // [B, S]
+  float* out;        // [B, N * H]
+
+  float R(float x) const { return bf16 ? RoundBF16(x) : x; }
+
+  // Head `head` (0 .. N + 2K) of row r as the model's compute dtype has it: the product's output
+  // rounded, plus the bias, rounded.
+  void Head(int64_t r, int64_t head, float* x) const {
+    const float* src = qkv + (r * (heads * (g + 2)) + head) * h;
+    for (int64_t e = 0; e < h; ++e) x[e] = bias ? R(R(src[e]) + bias_v[head * h + e]) : R(src[e]);
+  }
+
+  // x [H] through the norm (weight w; none when !norm) and rope at row r's position, in place.
+  void NormRope(int64_t r, const float* w, float* x, float* tmp) const {
+    if (norm) {
+      float total = 0.f;
+      for (int64_t e = 0; e < h; ++e) total += x[e] * x[e];
+      const float inv = 1.f / std::sqrt(total / static_cast<float>(h) + eps);
+      for (int64_t e = 0; e < h; ++e) x[e] = R(w[e] * R(x[e] * inv));
+    }
+    const int64_t half = h / 2;
+    const float* c = cos.data() + r * h;
+    const float* sn = sin.data() + r * h;
+    for (int64_t e = 0; e < h; ++e) {
+      const float rotated = e < half ? -x[e + half] : x[e - half];
+      tmp[e] = R(R(x[e] * c[e]) + R(rotated * sn[e]));
+    }
+    std::copy(tmp, tmp + h, x);
+  }
+};
+
+// One (row, kv head): its key and value into the cache at the slot, its G queries normed and
+// rotated, their attention over the cache (the slot included), the output rounded into `out`.
+template <typename T>
+void DecodeBlockUnit(const DecodeBlock& p, int64_t i, T* kc, T* vc) {
+  const int64_t r = i / p.heads, kh = i % p.heads, h = p.h, g = p.g, n = p.heads * g;
+  std::vector<float> q(g * h), x(h), tmp(h), att(g * h), scores(g * p.s);
+  T* krow = kc + (i * p.s + p.start) * h;
+  T* vrow = vc + (i * p.s + p.start) * h;
+  p.Head(r, n + kh, x.data());
+  p.NormRope(r, p.k_norm.data(), x.data(), tmp.data());
+  for (int64_t e = 0; e < h; ++e) StoreAs(x[e], krow + e);
+  p.Head(r, n + p.heads + kh, x.data());
+  for (int64_t e = 0; e < h; ++e) StoreAs(x[e], vrow + e);
+  for (int64_t j = 0; j < g; ++j) {
+    p.Head(r, kh * g + j, q.data() + j * h);
+    p.NormRope(r, p.q_norm.data(), q.data() + j * h, tmp.data());
+  }
+  auto head = DecodeHead<T>;
+#if defined(LM_GEMM_AVX512)
+  if (h % 16 == 0) head = DecodeHead16<T>;
+#endif
+  head(q.data(), kc + i * p.s * h, vc + i * p.s * h, p.mask + r * p.s, att.data(), g, p.s, h, p.scale,
+       scores.data());
+  float* dst = p.out + (r * n + kh * g) * h;
+  for (int64_t e = 0; e < g * h; ++e) dst[e] = p.R(att[e]);
+}
+
+// qkv [B, (N + 2K) * H] float32 (the fused product's output), bias [N + 2K, H], q_norm and k_norm
+// [H] (either may be empty without `bias` / `norm`), cos and sin [B, H] (the model's compute
+// dtype: float32 or bfloat16; sin unsigned, rotate-half's sign applied here), the caches k and v
+// [B, K, S, H] (float32 or bfloat16, both alike), index (the slot, clamped as XLA's
+// dynamic-update-slice), mask [B, S] -> out [B, N * H] float32 (values of the compute dtype), and
+// the caches with the new key and value (aliasing k and v's buffers).
+ffi::Error DecodeBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::AnyBuffer bias,
+                           ffi::AnyBuffer q_norm, ffi::AnyBuffer k_norm, ffi::AnyBuffer cos, ffi::AnyBuffer sin,
+                           ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> index,
+                           ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out,
+                           ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, float scale,
+                           float eps, bool bf16, bool norm, bool has_bias, int64_t threads) {
+  const auto xd = qkv.dimensions(), kd = k.dimensions(), md = mask.dimensions(), od = out->dimensions();
+  const auto cache_type = k.element_type();
+  const bool cache_ok = (cache_type == ffi::DataType::F32 || cache_type == ffi::DataType::BF16) &&
+                        v.element_type() == cache_type && k_out->element_type() == cache_type &&
+                        v_out->element_type() == cache_type;
+  if (xd.size() != 2 || kd.size() != 4 || md.size() != 2 || od.size() != 2 || !cache_ok ||
+      v.dimensions().size() != 4 || index.element_count() != 1)
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_decode_block: qkv must be [B, (N + 2K) * H] float32, k and v [B, K, S, H] caches of one "
+        "dtype (float32 or bfloat16), mask [B, S], index a scalar, out [B, N * H]");
+  const int64_t b = kd[0], heads = kd[1], s = kd[2], h = kd[3];
+  const int64_t n = od[1] / std::max<int64_t>(h, 1);
+  for (int a = 0; a < 4; ++a)
+    if (v.dimensions()[a] != kd[a]) return ffi::Error::InvalidArgument("lm_cpu_decode_block: k and v differ in shape");
+  if (h == 0 || h % 2 || heads == 0 || n % heads || od[0] != b || od[1] != n * h || xd[0] != b ||
+      xd[1] != (n + 2 * heads) * h || md[0] != b || md[1] != s || s == 0 ||
+      (has_bias && bias.element_count() != static_cast<size_t>((n + 2 * heads) * h)) ||
+      (norm && (q_norm.element_count() != static_cast<size_t>(h) || k_norm.element_count() != static_cast<size_t>(h))) ||
+      cos.element_count() != static_cast<size_t>(b * h) || sin.element_count() != static_cast<size_t>(b * h))
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_decode_block: shapes disagree (qkv [B, (N + 2K) * H], bias [N + 2K, H], norms [H], cos and "
+        "sin [B, H], caches [B, K, S, H] with S > 0 and H even, mask [B, S], out [B, N * H])");
+  // (shared with the units: a pool task that starts after the last unit finds it alive)
+  auto p = std::make_shared<const DecodeBlock>(DecodeBlock{
+      b, heads, n / heads, h, s, std::clamp<int64_t>(index.typed_data()[0], 0, s - 1), scale, eps, bf16, norm,
+      has_bias, qkv.typed_data(), Widened(bias), Widened(q_norm), Widened(k_norm), Widened(cos), Widened(sin),
+      mask.typed_data(), out->typed_data()});
+  char* kc = static_cast<char*>(k_out->untyped_data());
+  char* vc = static_cast<char*>(v_out->untyped_data());
+  if (kc != k.untyped_data()) std::memcpy(kc, k.untyped_data(), k.size_bytes());
+  if (vc != v.untyped_data()) std::memcpy(vc, v.untyped_data(), v.size_bytes());
+  if (cache_type == ffi::DataType::BF16) {
+    auto* kt = reinterpret_cast<uint16_t*>(kc);
+    auto* vt = reinterpret_cast<uint16_t*>(vc);
+    EachUnit(pool, threads, b * heads, [p, kt, vt](int64_t i) { DecodeBlockUnit<uint16_t>(*p, i, kt, vt); });
+  } else {
+    auto* kt = reinterpret_cast<float*>(kc);
+    auto* vt = reinterpret_cast<float*>(vc);
+    EachUnit(pool, threads, b * heads, [p, kt, vt](int64_t i) { DecodeBlockUnit<float>(*p, i, kt, vt); });
+  }
+  return ffi::Error::Success();
+}
+
 // ---- Attention over whole sequences (a prefill's, a train step's): forward and backward ----------
 //
 // Why: XLA:CPU runs a train step's attention as batched products over [B, K, G, T, S] scores with
@@ -960,6 +1131,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuCacheWrite, CacheWriteImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeBlock, DecodeBlockImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale")
+                                  .Attr<float>("eps")
+                                  .Attr<bool>("bf16")
+                                  .Attr<bool>("norm")
+                                  .Attr<bool>("bias")
+                                  .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttention, AttentionImpl,
                               AttentionBinding()

@@ -49,6 +49,7 @@ TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 wei
 TARGET_ATTENTION = "lm_cpu_decode_attention"  # a decode step's attention over a float32 cache
 TARGET_ATTENTION_BF16 = "lm_cpu_decode_attention_bf16"  # the same over a bfloat16 cache
 TARGET_CACHE_WRITE = "lm_cpu_cache_write"  # a KV cache's write in place
+TARGET_DECODE_BLOCK = "lm_cpu_decode_block"  # a decode step's norms, rope, cache writes and attention
 TARGET_SEQUENCE_ATTENTION = "lm_cpu_attention"  # whole sequences' attention (a prefill's, a train step's)
 TARGET_SEQUENCE_ATTENTION_BWD = "lm_cpu_attention_bwd"  # its gradient
 _SYMBOLS = {
@@ -57,6 +58,7 @@ _SYMBOLS = {
   TARGET_ATTENTION: "LmCpuDecodeAttention",
   TARGET_ATTENTION_BF16: "LmCpuDecodeAttentionBF16",
   TARGET_CACHE_WRITE: "LmCpuCacheWrite",
+  TARGET_DECODE_BLOCK: "LmCpuDecodeBlock",
   TARGET_SEQUENCE_ATTENTION: "LmCpuAttention",
   TARGET_SEQUENCE_ATTENTION_BWD: "LmCpuAttentionBackward",
 }
@@ -159,6 +161,7 @@ def _loaded_block() -> int | None:
     TARGET_ATTENTION,
     TARGET_ATTENTION_BF16,
     TARGET_CACHE_WRITE,
+    TARGET_DECODE_BLOCK,
     TARGET_SEQUENCE_ATTENTION,
     TARGET_SEQUENCE_ATTENTION_BWD,
   ):
@@ -315,6 +318,73 @@ def cache_write(cache: Array, update: Array, index: Array | int) -> Array:
 
   index = jnp.asarray(index, jnp.int32)
   return jax.lax.platform_dependent(cache, update, index, cpu=kernel, default=default)
+
+
+def decode_block(
+  qkv: Array,
+  k: Array,
+  v: Array,
+  index: Array | int,
+  mask: Array,
+  cos: Array,
+  sin: Array,
+  *,
+  q_norm: Array | None,
+  k_norm: Array | None,
+  bias: Array | None,
+  eps: float,
+  dtype: Any,
+  threads: int = -1,
+) -> tuple[Array, Array, Array]:
+  """A decode step's attention block by the library's kernel (`lm/cpu_gemm.cc` DecodeBlockImpl):
+  from the fused QKV product's float32 output qkv [B, (N + 2K)·H] to the attention's output
+  [B, N·H] float32 (values of `dtype`), and the caches k, v [B, K, S, H] (float32 or bfloat16)
+  with the step's key and value at slot `index` (written in place: the call aliases them).
+
+  What `lm.model.decoder_layer` computes there in `dtype` (float32 or bfloat16), each op's result
+  rounded as its ops round: the product's output (plus `bias` [N + 2K, H]), queries and keys
+  through their RMSNorm (`q_norm`, `k_norm` [H], with `eps`; None: no norm) and rope (cos and sin
+  [B, H], rotate-half's sign not folded in), the keys and values into the cache, the attention over
+  its slots where mask [B, S] (scores scaled by H^-0.5, softmax in float32). Call only for a trace
+  for XLA:CPU where `available()` (`lm.model` does, inside `cpu_attention`)."""
+  b, width = qkv.shape
+  kv_heads, h = k.shape[1], k.shape[3]
+  n = width // h - 2 * kv_heads
+  if (
+    k.dtype != v.dtype
+    or k.dtype not in DTYPES
+    or jnp.dtype(dtype) not in DTYPES
+    or (q_norm is None) != (k_norm is None)
+  ):
+    raise ValueError(
+      f"decode_block: caches {k.dtype}/{v.dtype} and dtype {dtype} must be float32 or bfloat16,"
+      " and q_norm and k_norm both given or neither"
+    )
+  empty = jnp.zeros((0,), dtype)
+  shapes = (
+    jax.ShapeDtypeStruct((b, n * h), jnp.float32),
+    jax.ShapeDtypeStruct(k.shape, k.dtype),
+    jax.ShapeDtypeStruct(v.shape, v.dtype),
+  )
+  call = jax.ffi.ffi_call(TARGET_DECODE_BLOCK, shapes, input_output_aliases={6: 1, 7: 2})
+  return call(
+    qkv.astype(jnp.float32),
+    empty if bias is None else bias.astype(dtype),
+    empty if q_norm is None else q_norm.astype(dtype),
+    empty if k_norm is None else k_norm.astype(dtype),
+    cos.astype(dtype),
+    sin.astype(dtype),
+    k,
+    v,
+    jnp.asarray(index, jnp.int32),
+    mask.astype(bool),
+    scale=np.float32(h**-0.5),
+    eps=np.float32(eps),
+    bf16=bool(jnp.dtype(dtype) == jnp.bfloat16),
+    norm=q_norm is not None,
+    bias=bias is not None,
+    threads=np.int64(threads),
+  )
 
 
 def reference_decode_attention(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:

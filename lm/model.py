@@ -17,7 +17,7 @@ import contextvars
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -393,16 +393,27 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
   return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def rope(x: Array, positions: Array, theta: float) -> Array:
-  """Rotate-half rotary embedding of x [B, T, heads, H] at positions [B, T]."""
-  head_dim = x.shape[-1]
+class Rotary(NamedTuple):
+  """RoPE's cos and sin at every position, [B, T, 1, H] each in the compute dtype (`rope_table`)."""
+
+  cos: Array
+  sin: Array
+
+
+def rope_table(positions: Array, head_dim: int, theta: float, dtype: Any) -> Rotary:
+  """The rotary table of positions [B, T]: made once for every layer, queries and keys (a decode
+  step computed it twice in each of its layers). Angles in float32, as the reference's."""
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [H/2]
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
-  cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+  return Rotary(cos=jnp.cos(angles).astype(dtype), sin=jnp.sin(angles).astype(dtype))
+
+
+def rope(x: Array, table: Rotary) -> Array:
+  """Rotate-half rotary embedding of x [B, T, heads, H] by `rope_table`'s table of its positions."""
   first, second = jnp.split(x, 2, axis=-1)
   rotated = jnp.concatenate([-second, first], axis=-1)
-  return x * cos + rotated * sin
+  return x * table.cos + rotated * table.sin
 
 
 def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
@@ -813,14 +824,15 @@ def decoder_layer(
   config: ModelConfig,
   w: dict[str, Array],
   x: Array,
-  positions: Array,
+  rotary: Rotary,
   mask: Array | CausalMask,
   kv: dict[str, Array] | None,
   cache_index: Array | int,
   dtype: Any,
   matmul: Matmul = matmul,
 ) -> tuple[Array, dict[str, Array] | None]:
-  """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis).
+  """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis);
+  `rotary` is the rope table of x's positions (`rope_table`, made once for every layer).
 
   With `kv` (this layer's cache, [B, K, S, H] each), the new keys/values are written at slot
   `cache_index` and attention reads the whole cache (`mask` [B, T, S]), except for a prefill
@@ -832,6 +844,9 @@ def decoder_layer(
   eps = config.rms_norm_eps
   cast = lambda name: w[name].astype(dtype)
   h = rms_norm(x, w["input_norm_d"], eps)
+  if _decode_block_applies(w, x, mask, kv, cache_index, dtype):
+    attn, kv = _decode_block(config, w, h, rotary, mask, kv, cache_index, dtype, matmul)
+    return _layer_output(config, w, x, attn, dtype, matmul), kv
   if "qkv_dx" in w:  # fused weights (`fuse_projections`): one product instead of three
     b, t = h.shape[:2]
     n, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
@@ -848,8 +863,8 @@ def decoder_layer(
   if config.qk_norm:
     q = rms_norm(q, w["q_norm_h"], eps)
     k = rms_norm(k, w["k_norm_h"], eps)
-  q = rope(q, positions, config.rope_theta)
-  k = rope(k, positions, config.rope_theta).swapaxes(1, 2)  # [B, K, T, H]
+  q = rope(q, rotary)
+  k = rope(k, rotary).swapaxes(1, 2)  # [B, K, T, H]
   v = v.swapaxes(1, 2)
   prefix = None
   if kv is not None:
@@ -866,9 +881,19 @@ def decoder_layer(
       prefix = (kv["prefix_k"].astype(dtype), kv["prefix_v"].astype(dtype))
   attn = attend(q, k, v, mask, config.attention_block, prefix, config.attention_impl)  # [B, T, N, H]
   attn = attn.astype(dtype)  # (a float32 cache's decode attention is float32)
+  return _layer_output(config, w, x, attn.reshape(*attn.shape[:2], -1), dtype, matmul), kv
+
+
+def _layer_output(
+  config: ModelConfig, w: dict[str, Array], x: Array, attn: Array, dtype: Any, matmul: Matmul
+) -> Array:
+  """The rest of `decoder_layer` after attention: x [B, T, D] plus the output projection of attn
+  [B, T, N·H] (values of `dtype`, held as float32 by `_decode_block`), then the MLP block."""
+  eps = config.rms_norm_eps
   if "o_xd" in w:
-    x = x + matmul(attn.reshape(*attn.shape[:2], -1), w["o_xd"].astype(dtype))
+    x = x + matmul(attn, w["o_xd"].astype(dtype), preferred_element_type=dtype)
   else:
+    attn = attn.astype(dtype).reshape(*attn.shape[:2], config.num_heads, config.head_dim)
     x = x + project("btnh,nhd->btd", attn, w, "o_nhd", dtype)
   h = rms_norm(x, w["post_norm_d"], eps)
   # bf16 on XLA:CPU: SiLU and the gating on the products' float32 results, rounded once for the
@@ -884,7 +909,74 @@ def decoder_layer(
     gate = project("btd,df->btf", h, w, "gate_df", dtype, wide)
     up = project("btd,df->btf", h, w, "up_df", dtype, wide)
     x = x + project("btf,fd->btd", (jax.nn.silu(gate) * up).astype(dtype), w, "down_fd", dtype)
-  return x, kv
+  return x
+
+
+def _decode_block_applies(
+  w: dict[str, Array],
+  x: Array,
+  mask: Array | CausalMask,
+  kv: dict[str, Array] | None,
+  cache_index: Array | int,
+  dtype: Any,
+) -> bool:
+  """Whether `decoder_layer` runs its attention block as `lm.cpu_gemm.decode_block`: a decode step
+  (one token per row, a cache of its own: no shared prefix) with fused weights, traced for XLA:CPU
+  with the kernels on (`cpu_attention`), in float32 or bfloat16 over a float32 or bfloat16 cache."""
+  floats = (jnp.float32, jnp.bfloat16)
+  return (
+    "qkv_dx" in w
+    and kv is not None
+    and "prefix_k" not in kv
+    and x.shape[1] == 1
+    and not _is_prefill(cache_index)
+    and not isinstance(mask, (CausalMask, SharedPrefixMask))
+    and jnp.dtype(dtype) in floats
+    and kv["k"].dtype == kv["v"].dtype
+    and kv["k"].dtype in floats
+    and _cpu_attention_threads() != 0
+  )
+
+
+def _decode_block(
+  config: ModelConfig,
+  w: dict[str, Array],
+  h: Array,
+  rotary: Rotary,
+  mask: Array,
+  kv: dict[str, Array],
+  cache_index: Array | int,
+  dtype: Any,
+  matmul: Matmul,
+) -> tuple[Array, dict[str, Array]]:
+  """`decoder_layer`'s attention block for a decode step by `lm.cpu_gemm.decode_block`: the fused
+  QKV product, then the norms, rope, cache writes and attention in one call. Returns the attention
+  output [B, 1, N·H] float32 (values of `dtype`) and the layer's updated cache.
+
+  Why: XLA:CPU ran this block as ~20 small ops a layer around the kernels, each moving a few KB
+  between cores: 3.5 ms of a 38.5 ms bf16 step at Qwen3-0.6B's shape, where the weights' stream is
+  the step's bound (docs/results/2026-12-05-decode-block.md)."""
+  b = h.shape[0]
+  qkv = matmul(h, w["qkv_dx"].astype(dtype), preferred_element_type=jnp.float32)[:, 0]  # [B, (N + 2K)·H]
+  bias = None
+  if config.qkv_bias:
+    bias = jnp.concatenate([w["q_bias_nh"], w["k_bias_kh"], w["v_bias_kh"]], axis=0)  # [N + 2K, H]
+  attn, k, v = cpu_gemm.decode_block(
+    qkv,
+    kv["k"],
+    kv["v"],
+    cache_index,
+    jnp.broadcast_to(mask, (b, 1, kv["k"].shape[2]))[:, 0],
+    rotary.cos.reshape(b, -1),
+    rotary.sin.reshape(b, -1),
+    q_norm=w["q_norm_h"] if config.qk_norm else None,
+    k_norm=w["k_norm_h"] if config.qk_norm else None,
+    bias=bias,
+    eps=config.rms_norm_eps,
+    dtype=dtype,
+    threads=_cpu_attention_threads(),
+  )
+  return attn[:, None], {**kv, "k": k, "v": v}
 
 
 _FUSED = {"qkv_dx": ("q_dnh", "k_dkh", "v_dkh"), "gate_up_dx": ("gate_df", "up_df")}
@@ -969,9 +1061,10 @@ def decoder_stack(
   unrolled when the model has at most `config.unroll_layers` layers; `remat` names each layer's
   rematerialisation policy (`REMAT_POLICIES`)."""
   mask = _attention_mask(key_mask, x.shape[1], 0, config.attention_block)
+  rotary = rope_table(positions, config.head_dim, config.rope_theta, dtype)
 
   def body(carry, w):
-    out, _ = decoder_layer(config, w, carry, positions, mask, None, 0, dtype)
+    out, _ = decoder_layer(config, w, carry, rotary, mask, None, 0, dtype)
     return constrain(out), None
 
   policy = remat_policy(remat)
@@ -1007,9 +1100,10 @@ def cached_decoder_stack(
   mask = _attention_mask(keys, length, cache_index, config.attention_block)
   if prefix_mask is not None:
     mask = SharedPrefixMask(mask, prefix_mask.astype(bool))
+  rotary = rope_table(positions, config.head_dim, config.rope_theta, dtype)
   new_cache = []
   for w, kv in zip(layer_weights, cache, strict=True):
-    x, kv = decoder_layer(config, w, x, positions, mask, kv, cache_index, dtype, matmul)
+    x, kv = decoder_layer(config, w, x, rotary, mask, kv, cache_index, dtype, matmul)
     x = constrain(x)
     new_cache.append(kv)
   return x, new_cache

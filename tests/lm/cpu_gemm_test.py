@@ -3,6 +3,7 @@ float64 product on every row count (decode's few, prefill's hundreds) and ragged
 wherever it does not apply, and the sampler's tokens and log-probs unchanged by it."""
 
 import ctypes
+import dataclasses
 import platform
 import sys
 
@@ -289,6 +290,101 @@ def test_the_cache_write_kernel_equals_a_dynamic_update_slice_in_place(dtype):
   assert (cpu_gemm.TARGET_CACHE_WRITE in text) == (dtype == "bfloat16")  # float32's write stays XLA's
   with pytest.raises(ValueError, match="not the cache's"):
     cpu_gemm.cache_write(cache, jnp.zeros((2, 3, 1, 16), jnp.float16), 0)
+
+
+def _decode_block_case(config, dtype, cache, seed=0):
+  """A decode step of `config`'s first layer (fused weights, every weight random: norms and biases
+  too) at slot 5 of a cache of 9 with keys 0..5 readable (row 1: slot 2 padding), and its inputs."""
+  from lm import model as model_lib
+
+  rng = np.random.default_rng(seed)
+  model = Qwen(config, rngs=nnx.Rngs(seed), param_dtype=jnp.float32, dtype=dtype)
+  stacked = {}
+  for name, w in model.stacked_layer_weights().items():
+    noise = rng.standard_normal(w.shape).astype(np.float32)
+    stacked[name] = (
+      (1 + 0.2 * noise) if "norm" in name else noise * (0.3 if "bias" in name else w.shape[1] ** -0.5)
+    )
+  w = {name: jnp.asarray(a, dtype) for name, a in model_lib.fuse_projections(stacked)[0].items()}
+  b, s, k, h = 3, 9, config.num_kv_heads, config.head_dim
+  x = jnp.asarray(rng.standard_normal((b, 1, config.hidden_size)), dtype)
+  kv = {name: jnp.asarray(rng.standard_normal((b, k, s, h)), cache) for name in ("k", "v")}
+  key_mask = jnp.asarray(np.arange(s)[None] <= 5).repeat(b, 0).at[1, 2].set(False)
+  index = jnp.int32(5)
+  positions = model_lib.default_positions(key_mask)[:, 5:6] + jnp.arange(b)[:, None] * 40  # [B, 1]
+  return w, x, kv, key_mask, index, positions
+
+
+@pytest.mark.parametrize("cache", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+  "family, heads, kv_heads, h",
+  [("qwen3", 16, 8, 128), ("qwen3", 6, 2, 16), ("qwen2", 4, 4, 8), ("qwen3", 9, 3, 64)],
+)
+@pytest.mark.parametrize("threads", [1, -1])
+def test_the_decode_block_kernel_matches_the_layer_it_replaces(
+  threads, family, heads, kv_heads, h, dtype, cache
+):
+  # lm.model._decode_block: a decode step's QKV output through the norms (Qwen3) or biases (Qwen2),
+  # rope, the cache writes and the attention in one kernel, against the same layer with the kernels
+  # off (XLA's ops). Every op rounds to the compute dtype as XLA's do; the norm's sum and rsqrt
+  # differ in order and round-off, so in bf16 a value may land one bf16 step away (~0.4%).
+  from lm import model as model_lib
+
+  base = ModelConfig.tiny_qwen3() if family == "qwen3" else ModelConfig.tiny_qwen2()
+  config = dataclasses.replace(base, num_heads=heads, num_kv_heads=kv_heads, head_dim=h)
+  w, x, kv, key_mask, index, positions = _decode_block_case(config, dtype, cache)
+
+  def layer(x, kv, on):
+    with model_lib.cpu_attention(threads if on else 0):
+      rotary = model_lib.rope_table(positions, h, config.rope_theta, dtype)
+      mask = model_lib._attention_mask(key_mask, 1, index)
+      return model_lib.decoder_layer(config, w, x, rotary, mask, kv, index, dtype)
+
+  (got, got_kv), (want, want_kv) = (jax.jit(layer, static_argnums=2)(x, kv, on) for on in (True, False))
+  text = jax.jit(layer, static_argnums=2).lower(x, kv, True).as_text()
+  assert cpu_gemm.TARGET_DECODE_BLOCK in text and "lm_cpu_decode_attention" not in text
+  assert cpu_gemm.TARGET_DECODE_BLOCK not in jax.jit(layer, static_argnums=2).lower(x, kv, False).as_text()
+  assert got.dtype == want.dtype and got_kv["k"].dtype == jnp.dtype(cache)
+  f32 = lambda a: np.asarray(a, np.float32)
+  for name in ("k", "v"):  # every other slot as it was; the step's slot the layer's key and value
+    np.testing.assert_array_equal(
+      np.delete(f32(got_kv[name]), 5, axis=2), np.delete(f32(kv[name]), 5, axis=2)
+    )
+    tol = (
+      dict(rtol=1e-5, atol=1e-5) if dtype == "float32" and cache == "float32" else dict(rtol=1e-2, atol=1e-2)
+    )
+    np.testing.assert_allclose(f32(got_kv[name])[:, :, 5], f32(want_kv[name])[:, :, 5], **tol)
+  if dtype == "bfloat16" or cache == "bfloat16":  # most values exact, the others one rounding away
+    assert np.mean(f32(got_kv["k"])[:, :, 5] == f32(want_kv["k"])[:, :, 5]) > 0.9
+  scale = np.abs(f32(want)).max()
+  assert np.abs(f32(got) - f32(want)).max() <= (1e-5 if dtype == "float32" else 2e-2) * scale
+
+
+def test_the_decode_block_kernel_rejects_what_it_cannot_run():
+  assert cpu_gemm.available()
+  rng = np.random.default_rng(0)
+  qkv = jnp.asarray(rng.standard_normal((2, 4 * 16)), jnp.float32)  # N 2, K 1, H 16
+  k = v = jnp.zeros((2, 1, 4, 16), jnp.float32)
+  mask, cos, sin = jnp.ones((2, 4), bool), jnp.ones((2, 16)), jnp.zeros((2, 16))
+  common = dict(q_norm=None, k_norm=None, bias=None, eps=1e-6)
+  with pytest.raises(ValueError, match="float32 or bfloat16"):
+    cpu_gemm.decode_block(qkv, k, v.astype(jnp.bfloat16), 0, mask, cos, sin, dtype=jnp.float32, **common)
+  with pytest.raises(ValueError, match="both given or neither"):
+    cpu_gemm.decode_block(
+      qkv, k, v, 0, mask, cos, sin, dtype=jnp.float32, **{**common, "q_norm": jnp.ones(16)}
+    )
+  with pytest.raises(Exception, match="lm_cpu_decode_block: shapes disagree"):
+    jax.block_until_ready(
+      cpu_gemm.decode_block(qkv, k, v, 0, mask, cos[:, :8], sin, dtype=jnp.float32, **common)
+    )
+  # with nothing to normalise or add, rope of angle 0 (cos 1, sin 0) is the identity: out is v's head
+  out, k2, v2 = cpu_gemm.decode_block(
+    qkv, k, v, 3, jnp.zeros((2, 4), bool).at[:, 3].set(True), cos, sin, dtype=jnp.float32, **common
+  )
+  np.testing.assert_array_equal(np.asarray(k2)[:, 0, 3], np.asarray(qkv)[:, 32:48])
+  np.testing.assert_array_equal(np.asarray(v2)[:, 0, 3], np.asarray(qkv)[:, 48:])
+  np.testing.assert_allclose(np.asarray(out), np.tile(np.asarray(qkv)[:, 48:], 2), rtol=1e-6)
 
 
 @pytest.mark.parametrize("threads", [-1])  # (one thread or all: the decode kernel's test runs both)
