@@ -528,6 +528,17 @@ void DecodeHead16(const float* q, const T* k, const T* v, const bool* mask, floa
 }
 #endif
 
+// The decode head for head dim h: the register tiles where h is a multiple of 16 (AVX-512), else
+// the plain loops.
+template <typename T>
+auto DecodeHeadFor(int64_t h) {
+  auto head = DecodeHead<T>;
+#if defined(LM_GEMM_AVX512)
+  if (h % 16 == 0) head = DecodeHead16<T>;
+#endif
+  return head;
+}
+
 // q [B, K, G, H] float32, k and v [B, K, S, H] (the cache: float32, or bfloat16 for E = BF16),
 // mask [B, S] -> out [B, K, G, H] float32; (row, kv head) pairs split over the threads.
 template <ffi::DataType E>
@@ -549,10 +560,7 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ff
   const T* vp = reinterpret_cast<const T*>(v.untyped_data());
   const bool* mp = mask.typed_data();
   float* op = out->typed_data();
-  auto head = DecodeHead<T>;
-#if defined(LM_GEMM_AVX512)
-  if (h % 16 == 0) head = DecodeHead16<T>;
-#endif
+  const auto head = DecodeHeadFor<T>(h);
   auto pair = [=](int64_t i) {  // i = row * heads + head
     std::unique_ptr<float[]> scores(new float[g * s]);
     head(qp + i * g * h, kp + i * s * h, vp + i * s * h, mp + (i / heads) * s, op + i * g * h, g, s, h, scale,
@@ -697,11 +705,7 @@ void DecodeBlockUnit(const DecodeBlock& p, int64_t i, T* kc, T* vc) {
     p.Head(r, kh * g + j, q.data() + j * h);
     p.NormRope(r, p.q_norm.data(), q.data() + j * h, tmp.data());
   }
-  auto head = DecodeHead<T>;
-#if defined(LM_GEMM_AVX512)
-  if (h % 16 == 0) head = DecodeHead16<T>;
-#endif
-  head(q.data(), kc + i * p.s * h, vc + i * p.s * h, p.mask + r * p.s, att.data(), g, p.s, h, p.scale,
+  DecodeHeadFor<T>(h)(q.data(), kc + i * p.s * h, vc + i * p.s * h, p.mask + r * p.s, att.data(), g, p.s, h, p.scale,
        scores.data());
   float* dst = p.out + (r * n + kh * g) * h;
   for (int64_t e = 0; e < g * h; ++e) dst[e] = p.R(att[e]);
