@@ -599,173 +599,6 @@ ffi::Error CacheWriteImpl(ffi::AnyBuffer cache, ffi::AnyBuffer update, ffi::Buff
   return ffi::Error::Success();
 }
 
-// ---- A decode step's attention block: from the QKV product to the attention's output --------------
-//
-// decoder_layer's work between a decode step's fused QKV product and its output projection, for
-// one new token per row: queries and keys through their RMSNorm (Qwen3) and rope, keys and values
-// written into the cache at the step's slot, and the decode attention over the cache, in one call.
-// Why: XLA:CPU ran that work as ~20 small fusions and copies a layer (converts, slices, the norms'
-// reductions, rope's rotate-half as a concatenation) around the cache writes and the attention:
-// 3.5 ms of a 38.5 ms bf16 step at Qwen3-0.6B's shape (B 4), each a few to ~30 us, mostly moving a
-// few KB between the two cores' caches. Here each (row, kv head) is one unit on one core, from the
-// product's output to its heads' attention.
-// Rounding follows the model's ops in its compute dtype (`bf16`: every op's result rounded to
-// bfloat16, as XLA's bf16 ops; float32: none): the product's output rounded, the bias added and
-// rounded; the norm's statistics in float32, the normed value rounded, times the weight, rounded;
-// rope's two products each rounded, their sum rounded; the attention output rounded. The norm's sum
-// runs in its own order and 1 / sqrt is XLA's rsqrt to float32 round-off, so a value can differ
-// from XLA's ops by one bf16 rounding step (tests/lm/cpu_gemm_test.py bounds it).
-
-// x rounded to bfloat16 (round to nearest even; NaN stays NaN), as a float32.
-inline float RoundBF16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    u |= 0x00400000u;
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-  }
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-inline void StoreAs(float x, float* p) { *p = x; }
-inline void StoreAs(float x, uint16_t* p) {
-  const float r = RoundBF16(x);
-  uint32_t u;
-  std::memcpy(&u, &r, 4);
-  *p = static_cast<uint16_t>(u >> 16);
-}
-
-// A small float32 or bfloat16 array (weights, biases, rope's table) widened to float32.
-std::vector<float> Widened(const ffi::AnyBuffer& a) {
-  const size_t n = a.element_count();
-  std::vector<float> out(n);
-  if (a.element_type() == ffi::DataType::BF16) {
-    const auto* bits = static_cast<const uint16_t*>(a.untyped_data());
-    for (size_t i = 0; i < n; ++i) out[i] = widen(bits[i]);
-  } else {
-    std::memcpy(out.data(), a.untyped_data(), n * sizeof(float));
-  }
-  return out;
-}
-
-struct DecodeBlock {
-  int64_t b, heads, g, h, s, start;  // rows, kv heads, queries per kv head, head dim, slots, slot
-  float scale, eps;
-  bool bf16, norm, bias;
-  const float* qkv;  // [B, (N + 2K) * H]
-  std::vector<float> bias_v, q_norm, k_norm, cos, sin;  // [N + 2K, H], [H], [H], [B, H], [B, H]
-  const bool* mask;  // [B, S]
-  float* out;        // [B, N * H]
-
-  float R(float x) const { return bf16 ? RoundBF16(x) : x; }
-
-  // Head `head` (0 .. N + 2K) of row r as the model's compute dtype has it: the product's output
-  // rounded, plus the bias, rounded.
-  void Head(int64_t r, int64_t head, float* x) const {
-    const float* src = qkv + (r * (heads * (g + 2)) + head) * h;
-    for (int64_t e = 0; e < h; ++e) x[e] = bias ? R(R(src[e]) + bias_v[head * h + e]) : R(src[e]);
-  }
-
-  // x [H] through the norm (weight w; none when !norm) and rope at row r's position, in place.
-  void NormRope(int64_t r, const float* w, float* x, float* tmp) const {
-    if (norm) {
-      float total = 0.f;
-      for (int64_t e = 0; e < h; ++e) total += x[e] * x[e];
-      const float inv = 1.f / std::sqrt(total / static_cast<float>(h) + eps);
-      for (int64_t e = 0; e < h; ++e) x[e] = R(w[e] * R(x[e] * inv));
-    }
-    const int64_t half = h / 2;
-    const float* c = cos.data() + r * h;
-    const float* sn = sin.data() + r * h;
-    for (int64_t e = 0; e < h; ++e) {
-      const float rotated = e < half ? -x[e + half] : x[e - half];
-      tmp[e] = R(R(x[e] * c[e]) + R(rotated * sn[e]));
-    }
-    std::copy(tmp, tmp + h, x);
-  }
-};
-
-// One (row, kv head): its key and value into the cache at the slot, its G queries normed and
-// rotated, their attention over the cache (the slot included), the output rounded into `out`.
-template <typename T>
-void DecodeBlockUnit(const DecodeBlock& p, int64_t i, T* kc, T* vc) {
-  const int64_t r = i / p.heads, kh = i % p.heads, h = p.h, g = p.g, n = p.heads * g;
-  std::vector<float> q(g * h), x(h), tmp(h), att(g * h), scores(g * p.s);
-  T* krow = kc + (i * p.s + p.start) * h;
-  T* vrow = vc + (i * p.s + p.start) * h;
-  p.Head(r, n + kh, x.data());
-  p.NormRope(r, p.k_norm.data(), x.data(), tmp.data());
-  for (int64_t e = 0; e < h; ++e) StoreAs(x[e], krow + e);
-  p.Head(r, n + p.heads + kh, x.data());
-  for (int64_t e = 0; e < h; ++e) StoreAs(x[e], vrow + e);
-  for (int64_t j = 0; j < g; ++j) {
-    p.Head(r, kh * g + j, q.data() + j * h);
-    p.NormRope(r, p.q_norm.data(), q.data() + j * h, tmp.data());
-  }
-  DecodeHeadFor<T>(h)(q.data(), kc + i * p.s * h, vc + i * p.s * h, p.mask + r * p.s, att.data(), g, p.s, h, p.scale,
-       scores.data());
-  float* dst = p.out + (r * n + kh * g) * h;
-  for (int64_t e = 0; e < g * h; ++e) dst[e] = p.R(att[e]);
-}
-
-// qkv [B, (N + 2K) * H] float32 (the fused product's output), bias [N + 2K, H], q_norm and k_norm
-// [H] (either may be empty without `bias` / `norm`), cos and sin [B, H] (the model's compute
-// dtype: float32 or bfloat16; sin unsigned, rotate-half's sign applied here), the caches k and v
-// [B, K, S, H] (float32 or bfloat16, both alike), index (the slot, clamped as XLA's
-// dynamic-update-slice), mask [B, S] -> out [B, N * H] float32 (values of the compute dtype), and
-// the caches with the new key and value (aliasing k and v's buffers).
-ffi::Error DecodeBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::AnyBuffer bias,
-                           ffi::AnyBuffer q_norm, ffi::AnyBuffer k_norm, ffi::AnyBuffer cos, ffi::AnyBuffer sin,
-                           ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> index,
-                           ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out,
-                           ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, float scale,
-                           float eps, bool bf16, bool norm, bool has_bias, int64_t threads) {
-  const auto xd = qkv.dimensions(), kd = k.dimensions(), md = mask.dimensions(), od = out->dimensions();
-  const auto cache_type = k.element_type();
-  const bool cache_ok = (cache_type == ffi::DataType::F32 || cache_type == ffi::DataType::BF16) &&
-                        v.element_type() == cache_type && k_out->element_type() == cache_type &&
-                        v_out->element_type() == cache_type;
-  if (xd.size() != 2 || kd.size() != 4 || md.size() != 2 || od.size() != 2 || !cache_ok ||
-      v.dimensions().size() != 4 || index.element_count() != 1)
-    return ffi::Error::InvalidArgument(
-        "lm_cpu_decode_block: qkv must be [B, (N + 2K) * H] float32, k and v [B, K, S, H] caches of one "
-        "dtype (float32 or bfloat16), mask [B, S], index a scalar, out [B, N * H]");
-  const int64_t b = kd[0], heads = kd[1], s = kd[2], h = kd[3];
-  const int64_t n = od[1] / std::max<int64_t>(h, 1);
-  for (int a = 0; a < 4; ++a)
-    if (v.dimensions()[a] != kd[a]) return ffi::Error::InvalidArgument("lm_cpu_decode_block: k and v differ in shape");
-  if (h == 0 || h % 2 || heads == 0 || n % heads || od[0] != b || od[1] != n * h || xd[0] != b ||
-      xd[1] != (n + 2 * heads) * h || md[0] != b || md[1] != s || s == 0 ||
-      (has_bias && bias.element_count() != static_cast<size_t>((n + 2 * heads) * h)) ||
-      (norm && (q_norm.element_count() != static_cast<size_t>(h) || k_norm.element_count() != static_cast<size_t>(h))) ||
-      cos.element_count() != static_cast<size_t>(b * h) || sin.element_count() != static_cast<size_t>(b * h))
-    return ffi::Error::InvalidArgument(
-        "lm_cpu_decode_block: shapes disagree (qkv [B, (N + 2K) * H], bias [N + 2K, H], norms [H], cos and "
-        "sin [B, H], caches [B, K, S, H] with S > 0 and H even, mask [B, S], out [B, N * H])");
-  // (shared with the units: a pool task that starts after the last unit finds it alive)
-  auto p = std::make_shared<const DecodeBlock>(DecodeBlock{
-      b, heads, n / heads, h, s, std::clamp<int64_t>(index.typed_data()[0], 0, s - 1), scale, eps, bf16, norm,
-      has_bias, qkv.typed_data(), Widened(bias), Widened(q_norm), Widened(k_norm), Widened(cos), Widened(sin),
-      mask.typed_data(), out->typed_data()});
-  char* kc = static_cast<char*>(k_out->untyped_data());
-  char* vc = static_cast<char*>(v_out->untyped_data());
-  if (kc != k.untyped_data()) std::memcpy(kc, k.untyped_data(), k.size_bytes());
-  if (vc != v.untyped_data()) std::memcpy(vc, v.untyped_data(), v.size_bytes());
-  if (cache_type == ffi::DataType::BF16) {
-    auto* kt = reinterpret_cast<uint16_t*>(kc);
-    auto* vt = reinterpret_cast<uint16_t*>(vc);
-    EachUnit(pool, threads, b * heads, [p, kt, vt](int64_t i) { DecodeBlockUnit<uint16_t>(*p, i, kt, vt); });
-  } else {
-    auto* kt = reinterpret_cast<float*>(kc);
-    auto* vt = reinterpret_cast<float*>(vc);
-    EachUnit(pool, threads, b * heads, [p, kt, vt](int64_t i) { DecodeBlockUnit<float>(*p, i, kt, vt); });
-  }
-  return ffi::Error::Success();
-}
-
 // ---- Attention over whole sequences (a prefill's, a train step's): forward and backward ----------
 //
 // Why: XLA:CPU runs a train step's attention as batched products over [B, K, G, T, S] scores with
@@ -898,21 +731,17 @@ void QueryRows(T* base, int64_t b, int64_t k, const AttentionUnit& u, T** rows) 
     for (int64_t j = 0; j < u.g; ++j) rows[i * u.g + j] = base + (((b * u.t + i) * u.heads + k) * u.g + j) * u.h;
 }
 
-void AttentionForwardUnit(const float* q, const float* k, const float* v, float* out, float* lse, int64_t b,
-                          int64_t kh, AttentionUnit& u) {
+// The forward of one (row, kv head) on its rows as pointers: qr and outr [T * G] (row r = t * G + g),
+// keys and values [S]; lse, where not null, gets query row r's log-sum-exp at lse[t * lse_t + g].
+// (The whole-sequence kernel's unit below, and the attention block's prefill.)
+void AttentionForwardRows(const float* const* qr, const float* const* keys, const float* const* values,
+                          float* const* outr, float* lse, int64_t lse_t, const AttentionUnit& u) {
   const int64_t rows = u.t * u.g, h = u.h, s = u.s;
   const int64_t blocks = (s + kAttKeys - 1) / kAttKeys, width = blocks * kAttKeys;
-  std::vector<const float*> qr(rows), keys(s), values(s);
-  QueryRows(q, b, kh, u, qr.data());
-  std::vector<float*> outr(rows);
-  QueryRows(out, b, kh, u, outr.data());
-  const float* kb = k + (b * u.heads + kh) * s * h;
-  const float* vb = v + (b * u.heads + kh) * s * h;
-  for (int64_t j = 0; j < s; ++j) keys[j] = kb + j * h, values[j] = vb + j * h;
   std::vector<float> panel(h * width), sc(kAttRows * width);
   for (int64_t c = 0; c < blocks; ++c) {  // K^T [H, width], block by block (each [H, 64])
     std::vector<float> blk(h * kAttKeys);
-    KeyPanel(keys.data(), c * kAttKeys, std::min<int64_t>(kAttKeys, s - c * kAttKeys), h, blk.data());
+    KeyPanel(keys, c * kAttKeys, std::min<int64_t>(kAttKeys, s - c * kAttKeys), h, blk.data());
     for (int64_t e = 0; e < h; ++e)
       std::copy(blk.data() + e * kAttKeys, blk.data() + (e + 1) * kAttKeys, panel.data() + e * width + c * kAttKeys);
   }
@@ -920,7 +749,7 @@ void AttentionForwardUnit(const float* q, const float* k, const float* v, float*
     const int64_t m = std::min<int64_t>(kAttRows, rows - r0);
     auto [a, z] = u.Range(r0, r0 + m);
     const int64_t j0 = a / kAttKeys * kAttKeys, j1 = (z + kAttKeys - 1) / kAttKeys * kAttKeys;
-    for (int64_t j = j0; j < j1; j += kAttKeys) Scores(qr.data() + r0, m, panel.data() + j, width, h, sc.data() + j, width);
+    for (int64_t j = j0; j < j1; j += kAttKeys) Scores(qr + r0, m, panel.data() + j, width, h, sc.data() + j, width);
     const int64_t live = std::min(j1, s);  // keys [live, j1) are past S: never read
     for (int64_t r = 0; r < m; ++r) {
       float* row = sc.data() + r * width;
@@ -939,12 +768,25 @@ void AttentionForwardUnit(const float* q, const float* k, const float* v, float*
 #pragma omp simd
       for (int64_t j = j0; j < live; ++j) row[j] *= inv;
       std::fill(row + live, row + j1, 0.f);
-      const int64_t t = (r0 + r) / u.g, g = (r0 + r) % u.g;
-      lse[((b * u.t + t) * u.heads + kh) * u.g + g] = top + std::log(total);
+      if (lse != nullptr) lse[(r0 + r) / u.g * lse_t + (r0 + r) % u.g] = top + std::log(total);
     }
     const int64_t n = std::min(j1, s) - j0;
-    AddProduct(sc.data() + j0, width, m, n, values.data() + j0, h, outr.data() + r0, false);
+    AddProduct(sc.data() + j0, width, m, n, values + j0, h, outr + r0, false);
   }
+}
+
+void AttentionForwardUnit(const float* q, const float* k, const float* v, float* out, float* lse, int64_t b,
+                          int64_t kh, AttentionUnit& u) {
+  const int64_t rows = u.t * u.g, h = u.h, s = u.s;
+  std::vector<const float*> qr(rows), keys(s), values(s);
+  QueryRows(q, b, kh, u, qr.data());
+  std::vector<float*> outr(rows);
+  QueryRows(out, b, kh, u, outr.data());
+  const float* kb = k + (b * u.heads + kh) * s * h;
+  const float* vb = v + (b * u.heads + kh) * s * h;
+  for (int64_t j = 0; j < s; ++j) keys[j] = kb + j * h, values[j] = vb + j * h;
+  AttentionForwardRows(qr.data(), keys.data(), values.data(), outr.data(),
+                       lse + (b * u.t * u.heads + kh) * u.g, u.heads * u.g, u);
 }
 
 void AttentionBackwardUnit(const float* q, const float* k, const float* v, const float* out, const float* lse,
@@ -1083,6 +925,227 @@ ffi::Error AttentionBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, 
 
 #pragma GCC pop_options
 
+// ---- A layer's attention block: from the QKV product to the attention's output -------------------
+//
+// decoder_layer's work between a fused QKV product and its output projection, for a decode step
+// (one new token a row) or a prefill (a row's T prompt tokens): queries and keys through their
+// RMSNorm (Qwen3) and rope, keys and values written into the cache, and the attention, in one call.
+// Why: XLA:CPU ran that work as ~20 small fusions and copies a layer (converts, slices, the norms'
+// reductions, rope's rotate-half as a concatenation, the keys' transposes into the cache layout,
+// computed twice: once for the cache, once for the attention) around the cache writes and the
+// attention: 3.5 ms of a 38.5 ms bf16 decode step at Qwen3-0.6B's shape (B 4), each a few to ~30 us,
+// mostly moving a few KB between the two cores' caches; ~125 ms of a 1.24 s float32 prefill of 4 x 64
+// tokens there (docs/results/2026-12-05-prefill-block.md). Here each (row, kv head) is one unit on
+// one core, from the product's output to its heads' attention.
+// Rounding follows the model's ops in its compute dtype (`bf16`: every op's result rounded to
+// bfloat16, as XLA's bf16 ops; float32: none): the product's output rounded, the bias added and
+// rounded; the norm's statistics in float32, the normed value rounded, times the weight, rounded;
+// rope's two products each rounded, their sum rounded; the attention output rounded. The norm's sum
+// runs in its own order and 1 / sqrt is XLA's rsqrt to float32 round-off, so a value can differ
+// from XLA's ops by one bf16 rounding step (tests/lm/cpu_gemm_test.py bounds it).
+
+// x rounded to bfloat16 (round to nearest even; NaN stays NaN), as a float32.
+// (Branch-free, so the loops that round vectorise: a prefill rounds every element of its T tokens'
+// heads several times.)
+inline float RoundBF16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
+  u = (u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// x rounded to the compute dtype: bfloat16 (B) or float32 (none).
+template <bool B>
+inline float RoundTo(float x) {
+  return B ? RoundBF16(x) : x;
+}
+
+inline void StoreAs(float x, float* p) { *p = x; }
+inline void StoreAs(float x, uint16_t* p) {
+  const float r = RoundBF16(x);
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  *p = static_cast<uint16_t>(u >> 16);
+}
+
+// A small float32 or bfloat16 array (weights, biases, rope's table) widened to float32.
+std::vector<float> Widened(const ffi::AnyBuffer& a) {
+  const size_t n = a.element_count();
+  std::vector<float> out(n);
+  if (a.element_type() == ffi::DataType::BF16) {
+    const auto* bits = static_cast<const uint16_t*>(a.untyped_data());
+    for (size_t i = 0; i < n; ++i) out[i] = widen(bits[i]);
+  } else {
+    std::memcpy(out.data(), a.untyped_data(), n * sizeof(float));
+  }
+  return out;
+}
+
+struct AttentionBlock {
+  int64_t b, t, heads, g, h, s, m, start;  // rows, tokens, kv heads, queries per kv head, head dim,
+                                           // cache slots, keys attended (mask's last axis), first slot
+  float scale, eps;
+  bool norm, bias;
+  const float* qkv;  // [B, T, (N + 2K) * H]
+  std::vector<float> bias_v, q_norm, k_norm, cos, sin;  // [N + 2K, H], [H], [H], [B, T, H], [B, T, H]
+  const bool* mask;  // [B, T, M]
+  float* out;        // [B, T, N * H]
+
+  // Head `head` (0 .. N + 2K) of row r's token i as the model's compute dtype (bfloat16: B) has it:
+  // the product's output rounded, plus the bias, rounded.
+  template <bool B>
+  void Head(int64_t r, int64_t i, int64_t head, float* x) const {
+    const float* src = qkv + ((r * t + i) * heads * (g + 2) + head) * h;
+    if (bias) {
+      const float* add = bias_v.data() + head * h;
+#pragma omp simd
+      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(RoundTo<B>(src[e]) + add[e]);
+    } else {
+#pragma omp simd
+      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(src[e]);
+    }
+  }
+
+  // x [H] through the norm (weight w; none when !norm) and rope at row r's token i, in place.
+  template <bool B>
+  void NormRope(int64_t r, int64_t i, const float* w, float* x, float* tmp) const {
+    if (norm) {
+      float total = 0.f;
+#pragma omp simd reduction(+ : total)
+      for (int64_t e = 0; e < h; ++e) total += x[e] * x[e];
+      const float inv = 1.f / std::sqrt(total / static_cast<float>(h) + eps);
+#pragma omp simd
+      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(w[e] * RoundTo<B>(x[e] * inv));
+    }
+    const int64_t half = h / 2;
+    const float* c = cos.data() + (r * t + i) * h;
+    const float* sn = sin.data() + (r * t + i) * h;
+#pragma omp simd
+    for (int64_t e = 0; e < half; ++e) tmp[e] = RoundTo<B>(RoundTo<B>(x[e] * c[e]) + RoundTo<B>(-x[e + half] * sn[e]));
+#pragma omp simd
+    for (int64_t e = half; e < h; ++e) tmp[e] = RoundTo<B>(RoundTo<B>(x[e] * c[e]) + RoundTo<B>(x[e - half] * sn[e]));
+    std::copy(tmp, tmp + h, x);
+  }
+};
+
+// One (row, kv head): its T keys and values into the cache from the slot `start`, its G x T
+// queries normed and rotated, their attention, the output rounded into `out`. One token (a decode
+// step) attends the cache's first M slots as the cache holds them (the decode head); several (a
+// prefill, start 0) attend their own T keys as the compute dtype has them (the whole-sequence
+// attention's forward), as `lm.model.decoder_layer` does there.
+template <typename T, bool B>
+void AttentionBlockUnit(const AttentionBlock& p, int64_t i, T* kc, T* vc) {
+  const int64_t r = i / p.heads, kh = i % p.heads, h = p.h, g = p.g, n = p.heads * g, t = p.t;
+  std::vector<float> q(t * g * h), keys(t * h), values(t * h), tmp(h);
+  for (int64_t j = 0; j < t; ++j) {
+    float* key = keys.data() + j * h;
+    float* value = values.data() + j * h;
+    T* krow = kc + (i * p.s + p.start + j) * h;
+    T* vrow = vc + (i * p.s + p.start + j) * h;
+    p.Head<B>(r, j, n + kh, key);
+    p.NormRope<B>(r, j, p.k_norm.data(), key, tmp.data());
+    p.Head<B>(r, j, n + p.heads + kh, value);
+#pragma omp simd
+    for (int64_t e = 0; e < h; ++e) StoreAs(key[e], krow + e);
+#pragma omp simd
+    for (int64_t e = 0; e < h; ++e) StoreAs(value[e], vrow + e);
+    for (int64_t a = 0; a < g; ++a) {
+      float* qa = q.data() + (j * g + a) * h;
+      p.Head<B>(r, j, kh * g + a, qa);
+      p.NormRope<B>(r, j, p.q_norm.data(), qa, tmp.data());
+    }
+  }
+  // The output straight into `out` (token j's G heads: g * h contiguous values), then rounded there.
+  auto dst = [&](int64_t j) { return p.out + ((r * t + j) * n + kh * g) * h; };
+  if (t == 1) {
+    std::vector<float> scores(g * p.m);
+    DecodeHeadFor<T>(h)(q.data(), kc + i * p.s * h, vc + i * p.s * h, p.mask + r * p.m, dst(0), g, p.m, h,
+                        p.scale, scores.data());
+  } else {
+    AttentionUnit u{t, g, t, h, p.heads, p.scale, p.mask + r * t * t, {}, {}, {}};
+    u.Ranges();
+    std::vector<const float*> qr(t * g), kr(t), vr(t);
+    std::vector<float*> outr(t * g);
+    for (int64_t a = 0; a < t * g; ++a) qr[a] = q.data() + a * h, outr[a] = dst(a / g) + a % g * h;
+    for (int64_t j = 0; j < t; ++j) kr[j] = keys.data() + j * h, vr[j] = values.data() + j * h;
+    AttentionForwardRows(qr.data(), kr.data(), vr.data(), outr.data(), nullptr, 0, u);
+  }
+  if (B) {
+    for (int64_t j = 0; j < t; ++j) {
+      float* o = dst(j);
+#pragma omp simd
+      for (int64_t e = 0; e < g * h; ++e) o[e] = RoundBF16(o[e]);
+    }
+  }
+}
+
+// qkv [B, T, (N + 2K) * H] float32 (the fused product's output), bias [N + 2K, H], q_norm and
+// k_norm [H] (either may be empty without `bias` / `norm`), cos and sin [B, T, H] (the model's
+// compute dtype: float32 or bfloat16; sin unsigned, rotate-half's sign applied here), the caches k
+// and v [B, K, S, H] (float32 or bfloat16, both alike), index (the first slot written, clamped as
+// XLA's dynamic-update-slice), mask [B, T, M] -> out [B, T, N * H] float32 (values of the compute
+// dtype), and the caches with the new keys and values (aliasing k and v's buffers). T = 1: a decode
+// step, attending the first M <= S slots; T > 1: a prefill (index 0, M = T), attending its own keys.
+ffi::Error AttentionBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::AnyBuffer bias,
+                              ffi::AnyBuffer q_norm, ffi::AnyBuffer k_norm, ffi::AnyBuffer cos, ffi::AnyBuffer sin,
+                              ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> index,
+                              ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out,
+                              ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, float scale,
+                              float eps, bool bf16, bool norm, bool has_bias, int64_t threads) {
+  const auto xd = qkv.dimensions(), kd = k.dimensions(), md = mask.dimensions(), od = out->dimensions();
+  const auto cache_type = k.element_type();
+  const bool cache_ok = (cache_type == ffi::DataType::F32 || cache_type == ffi::DataType::BF16) &&
+                        v.element_type() == cache_type && k_out->element_type() == cache_type &&
+                        v_out->element_type() == cache_type;
+  if (xd.size() != 3 || kd.size() != 4 || md.size() != 3 || od.size() != 3 || !cache_ok ||
+      v.dimensions().size() != 4 || index.element_count() != 1)
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_attention_block: qkv must be [B, T, (N + 2K) * H] float32, k and v [B, K, S, H] caches of "
+        "one dtype (float32 or bfloat16), mask [B, T, M], index a scalar, out [B, T, N * H]");
+  const int64_t b = kd[0], heads = kd[1], s = kd[2], h = kd[3], t = xd[1], m = md[2];
+  const int64_t n = od[2] / std::max<int64_t>(h, 1);
+  for (int a = 0; a < 4; ++a)
+    if (v.dimensions()[a] != kd[a])
+      return ffi::Error::InvalidArgument("lm_cpu_attention_block: k and v differ in shape");
+  const size_t table = static_cast<size_t>(b * t * h);
+  if (h == 0 || h % 2 || heads == 0 || n % heads || od[0] != b || od[1] != t || od[2] != n * h || xd[0] != b ||
+      xd[2] != (n + 2 * heads) * h || md[0] != b || md[1] != t || t == 0 || t > s || m == 0 || m > s ||
+      (has_bias && bias.element_count() != static_cast<size_t>((n + 2 * heads) * h)) ||
+      (norm && (q_norm.element_count() != static_cast<size_t>(h) || k_norm.element_count() != static_cast<size_t>(h))) ||
+      cos.element_count() != table || sin.element_count() != table)
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_attention_block: shapes disagree (qkv [B, T, (N + 2K) * H], bias [N + 2K, H], norms [H], cos "
+        "and sin [B, T, H], caches [B, K, S, H] with 0 < T <= S and H even, mask [B, T, M] with 0 < M <= S, "
+        "out [B, T, N * H])");
+  const int64_t start = std::clamp<int64_t>(index.typed_data()[0], 0, s - t);
+  if (t > 1 && (start != 0 || m != t))
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_attention_block: several tokens a row only as a prefill (index 0, mask [B, T, T])");
+  // (shared with the units: a pool task that starts after the last unit finds it alive)
+  auto p = std::make_shared<const AttentionBlock>(AttentionBlock{
+      b, t, heads, n / heads, h, s, m, start, scale, eps, norm, has_bias, qkv.typed_data(), Widened(bias),
+      Widened(q_norm), Widened(k_norm), Widened(cos), Widened(sin), mask.typed_data(), out->typed_data()});
+  char* kc = static_cast<char*>(k_out->untyped_data());
+  char* vc = static_cast<char*>(v_out->untyped_data());
+  if (kc != k.untyped_data()) std::memcpy(kc, k.untyped_data(), k.size_bytes());
+  if (vc != v.untyped_data()) std::memcpy(vc, v.untyped_data(), v.size_bytes());
+  auto run = [&](auto* kt, auto* vt) {
+    using T = std::remove_pointer_t<decltype(kt)>;
+    if (bf16)
+      EachUnit(pool, threads, b * heads, [p, kt, vt](int64_t i) { AttentionBlockUnit<T, true>(*p, i, kt, vt); });
+    else
+      EachUnit(pool, threads, b * heads, [p, kt, vt](int64_t i) { AttentionBlockUnit<T, false>(*p, i, kt, vt); });
+  };
+  if (cache_type == ffi::DataType::BF16)
+    run(reinterpret_cast<uint16_t*>(kc), reinterpret_cast<uint16_t*>(vc));
+  else
+    run(reinterpret_cast<float*>(kc), reinterpret_cast<float*>(vc));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // The packed layout's block width this build multiplies by (`lm/cpu_gemm.py` packs to it).
@@ -1136,7 +1199,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuCacheWrite, CacheWriteImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuDecodeBlock, DecodeBlockImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttentionBlock, AttentionBlockImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

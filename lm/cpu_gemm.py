@@ -49,7 +49,7 @@ TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 wei
 TARGET_ATTENTION = "lm_cpu_decode_attention"  # a decode step's attention over a float32 cache
 TARGET_ATTENTION_BF16 = "lm_cpu_decode_attention_bf16"  # the same over a bfloat16 cache
 TARGET_CACHE_WRITE = "lm_cpu_cache_write"  # a KV cache's write in place
-TARGET_DECODE_BLOCK = "lm_cpu_decode_block"  # a decode step's norms, rope, cache writes and attention
+TARGET_ATTENTION_BLOCK = "lm_cpu_attention_block"  # a layer's norms, rope, cache writes and attention
 TARGET_SEQUENCE_ATTENTION = "lm_cpu_attention"  # whole sequences' attention (a prefill's, a train step's)
 TARGET_SEQUENCE_ATTENTION_BWD = "lm_cpu_attention_bwd"  # its gradient
 _SYMBOLS = {
@@ -58,7 +58,7 @@ _SYMBOLS = {
   TARGET_ATTENTION: "LmCpuDecodeAttention",
   TARGET_ATTENTION_BF16: "LmCpuDecodeAttentionBF16",
   TARGET_CACHE_WRITE: "LmCpuCacheWrite",
-  TARGET_DECODE_BLOCK: "LmCpuDecodeBlock",
+  TARGET_ATTENTION_BLOCK: "LmCpuAttentionBlock",
   TARGET_SEQUENCE_ATTENTION: "LmCpuAttention",
   TARGET_SEQUENCE_ATTENTION_BWD: "LmCpuAttentionBackward",
 }
@@ -161,7 +161,7 @@ def _loaded_block() -> int | None:
     TARGET_ATTENTION,
     TARGET_ATTENTION_BF16,
     TARGET_CACHE_WRITE,
-    TARGET_DECODE_BLOCK,
+    TARGET_ATTENTION_BLOCK,
     TARGET_SEQUENCE_ATTENTION,
     TARGET_SEQUENCE_ATTENTION_BWD,
   ):
@@ -320,7 +320,7 @@ def cache_write(cache: Array, update: Array, index: Array | int) -> Array:
   return jax.lax.platform_dependent(cache, update, index, cpu=kernel, default=default)
 
 
-def decode_block(
+def attention_block(
   qkv: Array,
   k: Array,
   v: Array,
@@ -336,18 +336,20 @@ def decode_block(
   dtype: Any,
   threads: int = -1,
 ) -> tuple[Array, Array, Array]:
-  """A decode step's attention block by the library's kernel (`lm/cpu_gemm.cc` DecodeBlockImpl):
-  from the fused QKV product's float32 output qkv [B, (N + 2K)·H] to the attention's output
-  [B, N·H] float32 (values of `dtype`), and the caches k, v [B, K, S, H] (float32 or bfloat16)
-  with the step's key and value at slot `index` (written in place: the call aliases them).
+  """A layer's attention block by the library's kernel (`lm/cpu_gemm.cc` AttentionBlockImpl): from
+  the fused QKV product's float32 output qkv [B, T, (N + 2K)·H] to the attention's output
+  [B, T, N·H] float32 (values of `dtype`), and the caches k, v [B, K, S, H] (float32 or bfloat16)
+  with the T new keys and values from slot `index` (written in place: the call aliases them).
 
   What `lm.model.decoder_layer` computes there in `dtype` (float32 or bfloat16), each op's result
   rounded as its ops round: the product's output (plus `bias` [N + 2K, H]), queries and keys
   through their RMSNorm (`q_norm`, `k_norm` [H], with `eps`; None: no norm) and rope (cos and sin
-  [B, H], rotate-half's sign not folded in), the keys and values into the cache, the attention over
-  its slots where mask [B, S] (scores scaled by H^-0.5, softmax in float32). Call only for a trace
-  for XLA:CPU where `available()` (`lm.model` does, inside `cpu_attention`)."""
-  b, width = qkv.shape
+  [B, T, H], rotate-half's sign not folded in), the keys and values into the cache, the attention
+  where mask [B, T, M] (scores scaled by H^-0.5, softmax in float32). T = 1 (a decode step): over
+  the cache's first M slots as it holds them. T > 1 (a prefill: `index` 0, M = T): over the T new
+  keys and values as `dtype` has them. Call only for a trace for XLA:CPU where `available()`
+  (`lm.model` does, inside `cpu_attention`)."""
+  b, t, width = qkv.shape
   kv_heads, h = k.shape[1], k.shape[3]
   n = width // h - 2 * kv_heads
   if (
@@ -357,16 +359,16 @@ def decode_block(
     or (q_norm is None) != (k_norm is None)
   ):
     raise ValueError(
-      f"decode_block: caches {k.dtype}/{v.dtype} and dtype {dtype} must be float32 or bfloat16,"
+      f"attention_block: caches {k.dtype}/{v.dtype} and dtype {dtype} must be float32 or bfloat16,"
       " and q_norm and k_norm both given or neither"
     )
   empty = jnp.zeros((0,), dtype)
   shapes = (
-    jax.ShapeDtypeStruct((b, n * h), jnp.float32),
+    jax.ShapeDtypeStruct((b, t, n * h), jnp.float32),
     jax.ShapeDtypeStruct(k.shape, k.dtype),
     jax.ShapeDtypeStruct(v.shape, v.dtype),
   )
-  call = jax.ffi.ffi_call(TARGET_DECODE_BLOCK, shapes, input_output_aliases={6: 1, 7: 2})
+  call = jax.ffi.ffi_call(TARGET_ATTENTION_BLOCK, shapes, input_output_aliases={6: 1, 7: 2})
   return call(
     qkv.astype(jnp.float32),
     empty if bias is None else bias.astype(dtype),

@@ -844,8 +844,8 @@ def decoder_layer(
   eps = config.rms_norm_eps
   cast = lambda name: w[name].astype(dtype)
   h = rms_norm(x, w["input_norm_d"], eps)
-  if _decode_block_applies(w, x, mask, kv, cache_index, dtype):
-    attn, kv = _decode_block(config, w, h, rotary, mask, kv, cache_index, dtype, matmul)
+  if _attention_block_applies(w, x, mask, kv, cache_index, dtype):
+    attn, kv = _attention_block(config, w, h, rotary, mask, kv, cache_index, dtype, matmul)
     return _layer_output(config, w, x, attn, dtype, matmul), kv
   if "qkv_dx" in w:  # fused weights (`fuse_projections`): one product instead of three
     b, t = h.shape[:2]
@@ -888,7 +888,8 @@ def _layer_output(
   config: ModelConfig, w: dict[str, Array], x: Array, attn: Array, dtype: Any, matmul: Matmul
 ) -> Array:
   """The rest of `decoder_layer` after attention: x [B, T, D] plus the output projection of attn
-  [B, T, N·H] (values of `dtype`, held as float32 by `_decode_block`), then the MLP block."""
+  [B, T, N·H] (values of `dtype`; a decode step's held as float32 by `_attention_block`), then
+  the MLP block."""
   eps = config.rms_norm_eps
   if "o_xd" in w:
     x = x + matmul(attn, w["o_xd"].astype(dtype), preferred_element_type=dtype)
@@ -912,7 +913,7 @@ def _layer_output(
   return x
 
 
-def _decode_block_applies(
+def _attention_block_applies(
   w: dict[str, Array],
   x: Array,
   mask: Array | CausalMask,
@@ -920,16 +921,17 @@ def _decode_block_applies(
   cache_index: Array | int,
   dtype: Any,
 ) -> bool:
-  """Whether `decoder_layer` runs its attention block as `lm.cpu_gemm.decode_block`: a decode step
-  (one token per row, a cache of its own: no shared prefix) with fused weights, traced for XLA:CPU
-  with the kernels on (`cpu_attention`), in float32 or bfloat16 over a float32 or bfloat16 cache."""
+  """Whether `decoder_layer` runs its attention block as `lm.cpu_gemm.attention_block`: a decode
+  step (one token per row) or a prefill (the static slot 0, its [B, T, T] mask as one array: at most
+  `attention_block` tokens), a cache of its own (no shared prefix), fused weights, traced for
+  XLA:CPU with the kernels on (`cpu_attention`), in float32 or bfloat16 over a float32 or bfloat16
+  cache."""
   floats = (jnp.float32, jnp.bfloat16)
   return (
     "qkv_dx" in w
     and kv is not None
     and "prefix_k" not in kv
-    and x.shape[1] == 1
-    and not _is_prefill(cache_index)
+    and (x.shape[1] == 1 or _is_prefill(cache_index))
     and not isinstance(mask, (CausalMask, SharedPrefixMask))
     and jnp.dtype(dtype) in floats
     and kv["k"].dtype == kv["v"].dtype
@@ -938,7 +940,7 @@ def _decode_block_applies(
   )
 
 
-def _decode_block(
+def _attention_block(
   config: ModelConfig,
   w: dict[str, Array],
   h: Array,
@@ -949,26 +951,28 @@ def _decode_block(
   dtype: Any,
   matmul: Matmul,
 ) -> tuple[Array, dict[str, Array]]:
-  """`decoder_layer`'s attention block for a decode step by `lm.cpu_gemm.decode_block`: the fused
-  QKV product, then the norms, rope, cache writes and attention in one call. Returns the attention
-  output [B, 1, N·H] float32 (values of `dtype`) and the layer's updated cache.
+  """`decoder_layer`'s attention block by `lm.cpu_gemm.attention_block`: the fused QKV product,
+  then the norms, rope, cache writes and attention in one call. Returns the attention output
+  [B, T, N·H] (a decode step's float32 holding values of `dtype`, a prefill's in `dtype`: the
+  product after it takes it as its rows) and the layer's updated cache.
 
-  Why: XLA:CPU ran this block as ~20 small ops a layer around the kernels, each moving a few KB
-  between cores: 3.5 ms of a 38.5 ms bf16 step at Qwen3-0.6B's shape, where the weights' stream is
-  the step's bound (docs/results/2026-12-05-decode-block.md)."""
-  b = h.shape[0]
-  qkv = matmul(h, w["qkv_dx"].astype(dtype), preferred_element_type=jnp.float32)[:, 0]  # [B, (N + 2K)·H]
+  Why: XLA:CPU ran this block as ~20 small ops a layer around the kernels: 3.5 ms of a 38.5 ms bf16
+  decode step at Qwen3-0.6B's shape, where the weights' stream is the step's bound
+  (docs/results/2026-12-05-decode-block.md), and ~125 ms of a 1.24 s float32 prefill of 4 × 64
+  tokens, where it computed the keys' transposes twice (docs/results/2026-12-05-prefill-block.md)."""
+  b, t = h.shape[:2]
+  qkv = matmul(h, w["qkv_dx"].astype(dtype), preferred_element_type=jnp.float32)  # [B, T, (N + 2K)·H]
   bias = None
   if config.qkv_bias:
     bias = jnp.concatenate([w["q_bias_nh"], w["k_bias_kh"], w["v_bias_kh"]], axis=0)  # [N + 2K, H]
-  attn, k, v = cpu_gemm.decode_block(
+  attn, k, v = cpu_gemm.attention_block(
     qkv,
     kv["k"],
     kv["v"],
     cache_index,
-    jnp.broadcast_to(mask, (b, 1, kv["k"].shape[2]))[:, 0],
-    rotary.cos.reshape(b, -1),
-    rotary.sin.reshape(b, -1),
+    jnp.broadcast_to(mask, (b, t, mask.shape[-1])),
+    rotary.cos.reshape(b, t, -1),
+    rotary.sin.reshape(b, t, -1),
     q_norm=w["q_norm_h"] if config.qk_norm else None,
     k_norm=w["k_norm_h"] if config.qk_norm else None,
     bias=bias,
@@ -976,7 +980,7 @@ def _decode_block(
     dtype=dtype,
     threads=_cpu_attention_threads(),
   )
-  return attn[:, None], {**kv, "k": k, "v": v}
+  return (attn if t == 1 else attn.astype(dtype)), {**kv, "k": k, "v": v}
 
 
 _FUSED = {"qkv_dx": ("q_dnh", "k_dkh", "v_dkh"), "gate_up_dx": ("gate_df", "up_df")}

@@ -325,7 +325,7 @@ def _decode_block_case(config, dtype, cache, seed=0):
 def test_the_decode_block_kernel_matches_the_layer_it_replaces(
   threads, family, heads, kv_heads, h, dtype, cache
 ):
-  # lm.model._decode_block: a decode step's QKV output through the norms (Qwen3) or biases (Qwen2),
+  # lm.model._attention_block: a decode step's QKV output through the norms (Qwen3) or biases (Qwen2),
   # rope, the cache writes and the attention in one kernel, against the same layer with the kernels
   # off (XLA's ops). Every op rounds to the compute dtype as XLA's do; the norm's sum and rsqrt
   # differ in order and round-off, so in bf16 a value may land one bf16 step away (~0.4%).
@@ -343,8 +343,8 @@ def test_the_decode_block_kernel_matches_the_layer_it_replaces(
 
   (got, got_kv), (want, want_kv) = (jax.jit(layer, static_argnums=2)(x, kv, on) for on in (True, False))
   text = jax.jit(layer, static_argnums=2).lower(x, kv, True).as_text()
-  assert cpu_gemm.TARGET_DECODE_BLOCK in text and "lm_cpu_decode_attention" not in text
-  assert cpu_gemm.TARGET_DECODE_BLOCK not in jax.jit(layer, static_argnums=2).lower(x, kv, False).as_text()
+  assert cpu_gemm.TARGET_ATTENTION_BLOCK in text and "lm_cpu_decode_attention" not in text
+  assert cpu_gemm.TARGET_ATTENTION_BLOCK not in jax.jit(layer, static_argnums=2).lower(x, kv, False).as_text()
   assert got.dtype == want.dtype and got_kv["k"].dtype == jnp.dtype(cache)
   f32 = lambda a: np.asarray(a, np.float32)
   for name in ("k", "v"):  # every other slot as it was; the step's slot the layer's key and value
@@ -361,30 +361,100 @@ def test_the_decode_block_kernel_matches_the_layer_it_replaces(
   assert np.abs(f32(got) - f32(want)).max() <= (1e-5 if dtype == "float32" else 2e-2) * scale
 
 
-def test_the_decode_block_kernel_rejects_what_it_cannot_run():
+@pytest.mark.parametrize("cache", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+  "family, heads, kv_heads, h, t",
+  [("qwen3", 16, 8, 128, 7), ("qwen3", 6, 2, 16, 70), ("qwen2", 4, 4, 8, 9)],
+)
+def test_the_attention_block_kernel_matches_the_prefill_it_replaces(
+  family, heads, kv_heads, h, t, dtype, cache
+):
+  # lm.model._attention_block at a prefill: T prompt tokens a row (row 1 left-padded by 2: its first
+  # queries attend no key) from slot 0 of a cache with 3 slots more, against the same layer with the
+  # kernels off (XLA's ops). T 70: the keys in two blocks of 64, the second ragged.
+  from lm import model as model_lib
+
+  base = ModelConfig.tiny_qwen3() if family == "qwen3" else ModelConfig.tiny_qwen2()
+  config = dataclasses.replace(base, num_heads=heads, num_kv_heads=kv_heads, head_dim=h)
+  w, _, kv, _, _, _ = _decode_block_case(config, dtype, cache)
+  rng = np.random.default_rng(1)
+  b, s = 3, t + 3
+  x = jnp.asarray(rng.standard_normal((b, t, config.hidden_size)), dtype)
+  kv = {name: jnp.asarray(rng.standard_normal((b, kv_heads, s, h)), cache) for name in ("k", "v")}
+  key_mask = jnp.asarray(np.arange(s)[None] < t).repeat(b, 0).at[1, :2].set(False)
+  positions = model_lib.default_positions(key_mask)[:, :t]
+
+  def layer(x, kv, on):
+    with model_lib.cpu_attention(-1 if on else 0):
+      rotary = model_lib.rope_table(positions, h, config.rope_theta, dtype)
+      mask = model_lib._attention_mask(key_mask[:, :t], t, 0)
+      return model_lib.decoder_layer(config, w, x, rotary, mask, kv, 0, dtype)
+
+  (got, got_kv), (want, want_kv) = (jax.jit(layer, static_argnums=2)(x, kv, on) for on in (True, False))
+  text = jax.jit(layer, static_argnums=2).lower(x, kv, True).as_text()
+  assert (
+    f"@{cpu_gemm.TARGET_ATTENTION_BLOCK}(" in text and f"@{cpu_gemm.TARGET_SEQUENCE_ATTENTION}(" not in text
+  )
+  assert got.dtype == want.dtype and got_kv["k"].dtype == jnp.dtype(cache)
+  f32 = lambda a: np.asarray(a, np.float32)
+  exact = dtype == "float32" and cache == "float32"
+  for name in ("k", "v"):  # the slots after the prompt as they were; the prompt's the layer's
+    np.testing.assert_array_equal(f32(got_kv[name])[:, :, t:], f32(kv[name])[:, :, t:])
+    tol = dict(rtol=1e-5, atol=1e-5) if exact else dict(rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(f32(got_kv[name])[:, :, :t], f32(want_kv[name])[:, :, :t], **tol)
+  if not exact:  # most values exact, the others one rounding away
+    assert np.mean(f32(got_kv["k"])[:, :, :t] == f32(want_kv["k"])[:, :, :t]) > 0.9
+  scale = np.abs(f32(want)).max()
+  assert np.abs(f32(got) - f32(want)).max() <= (1e-5 if dtype == "float32" else 2e-2) * scale
+
+
+def test_the_attention_block_kernel_rejects_what_it_cannot_run():
   assert cpu_gemm.available()
   rng = np.random.default_rng(0)
-  qkv = jnp.asarray(rng.standard_normal((2, 4 * 16)), jnp.float32)  # N 2, K 1, H 16
+  qkv = jnp.asarray(rng.standard_normal((2, 1, 4 * 16)), jnp.float32)  # N 2, K 1, H 16
   k = v = jnp.zeros((2, 1, 4, 16), jnp.float32)
-  mask, cos, sin = jnp.ones((2, 4), bool), jnp.ones((2, 16)), jnp.zeros((2, 16))
+  mask, cos, sin = jnp.ones((2, 1, 4), bool), jnp.ones((2, 1, 16)), jnp.zeros((2, 1, 16))
   common = dict(q_norm=None, k_norm=None, bias=None, eps=1e-6)
   with pytest.raises(ValueError, match="float32 or bfloat16"):
-    cpu_gemm.decode_block(qkv, k, v.astype(jnp.bfloat16), 0, mask, cos, sin, dtype=jnp.float32, **common)
+    cpu_gemm.attention_block(qkv, k, v.astype(jnp.bfloat16), 0, mask, cos, sin, dtype=jnp.float32, **common)
   with pytest.raises(ValueError, match="both given or neither"):
-    cpu_gemm.decode_block(
+    cpu_gemm.attention_block(
       qkv, k, v, 0, mask, cos, sin, dtype=jnp.float32, **{**common, "q_norm": jnp.ones(16)}
     )
-  with pytest.raises(Exception, match="lm_cpu_decode_block: shapes disagree"):
+  with pytest.raises(Exception, match="lm_cpu_attention_block: shapes disagree"):
     jax.block_until_ready(
-      cpu_gemm.decode_block(qkv, k, v, 0, mask, cos[:, :8], sin, dtype=jnp.float32, **common)
+      cpu_gemm.attention_block(qkv, k, v, 0, mask, cos[..., :8], sin, dtype=jnp.float32, **common)
+    )
+  two = jnp.concatenate([qkv, qkv], axis=1)  # two tokens a row: only as a prefill from slot 0
+  cos2, sin2 = jnp.ones((2, 2, 16)), jnp.zeros((2, 2, 16))
+  with pytest.raises(Exception, match="only as a prefill"):
+    jax.block_until_ready(
+      cpu_gemm.attention_block(
+        two, k, v, 1, jnp.ones((2, 2, 2), bool), cos2, sin2, dtype=jnp.float32, **common
+      )
+    )
+  with pytest.raises(Exception, match="only as a prefill"):
+    jax.block_until_ready(
+      cpu_gemm.attention_block(
+        two, k, v, 0, jnp.ones((2, 2, 4), bool), cos2, sin2, dtype=jnp.float32, **common
+      )
     )
   # with nothing to normalise or add, rope of angle 0 (cos 1, sin 0) is the identity: out is v's head
-  out, k2, v2 = cpu_gemm.decode_block(
-    qkv, k, v, 3, jnp.zeros((2, 4), bool).at[:, 3].set(True), cos, sin, dtype=jnp.float32, **common
+  out, k2, v2 = cpu_gemm.attention_block(
+    qkv, k, v, 3, jnp.zeros((2, 1, 4), bool).at[:, :, 3].set(True), cos, sin, dtype=jnp.float32, **common
   )
-  np.testing.assert_array_equal(np.asarray(k2)[:, 0, 3], np.asarray(qkv)[:, 32:48])
-  np.testing.assert_array_equal(np.asarray(v2)[:, 0, 3], np.asarray(qkv)[:, 48:])
-  np.testing.assert_allclose(np.asarray(out), np.tile(np.asarray(qkv)[:, 48:], 2), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(k2)[:, 0, 3], np.asarray(qkv)[:, 0, 32:48])
+  np.testing.assert_array_equal(np.asarray(v2)[:, 0, 3], np.asarray(qkv)[:, 0, 48:])
+  np.testing.assert_allclose(np.asarray(out)[:, 0], np.tile(np.asarray(qkv)[:, 0, 48:], 2), rtol=1e-6)
+  # and a prefill of two tokens, the second masked from the first: each attends its own value
+  mask2 = jnp.asarray([[[True, False], [False, True]]] * 2)
+  out, k2, v2 = cpu_gemm.attention_block(
+    two * jnp.asarray([1.0, 2.0])[:, None], k, v, 0, mask2, cos2, sin2, dtype=jnp.float32, **common
+  )
+  np.testing.assert_array_equal(np.asarray(v2)[:, 0, 1], 2 * np.asarray(qkv)[:, 0, 48:])
+  np.testing.assert_array_equal(np.asarray(k2)[:, 0, 2:], 0)  # slots after the prompt untouched
+  np.testing.assert_allclose(np.asarray(out)[:, 1], np.tile(2 * np.asarray(qkv)[:, 0, 48:], 2), rtol=1e-6)
 
 
 @pytest.mark.parametrize("threads", [-1])  # (one thread or all: the decode kernel's test runs both)
