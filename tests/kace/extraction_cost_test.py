@@ -21,6 +21,10 @@ UNITS = ("\\boxed{", "\\fbox{", "\\(", "\\[", "$$x", "\\boxed 1 ", "answer: \\("
 
 
 def _lines_executed(fn, *args) -> int:
+  """Lines of `kace.answers` that `fn(*args)` executes. Only that module's: a regular expression
+  compiled on a cache miss (`re`'s cache is shared with every other test in the process, so a miss
+  depends on the order the tests ran in) executes hundreds of lines of `re`'s own compiler, which
+  once failed this test on a clean clone (counts [29, 40, 62, 345] for `\\boxed 1 `)."""
   count = 0
 
   def local(frame, event, arg):
@@ -29,7 +33,7 @@ def _lines_executed(fn, *args) -> int:
       count += 1
     return local
 
-  sys.settrace(lambda frame, event, arg: local)
+  sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == answers.__file__ else None)
   try:
     fn(*args)
   finally:
