@@ -70,8 +70,9 @@ from benchmarks.harness import fmt
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # `jax_xla_attention`: `jax` with the train step's attention in XLA's ops, not lm.cpu_gemm's kernel
 # (asked for by --sides: the kernel's share of the step in the same interleaved run).
-SIDES = ("jax", "jax_xla_attention", "torch", "torch_window")
-DEFAULT_SIDES = ("jax", "torch", "torch_window")
+# `jax_shared`: `jax` with the trainer's `loss.share_prompts` (each pair one row, its prompt once).
+SIDES = ("jax", "jax_xla_attention", "jax_shared", "torch", "torch_window")
+DEFAULT_SIDES = ("jax", "jax_shared", "torch", "torch_window")
 DTYPES = harness.DTYPES
 AGREEMENT_STEPS = 16
 
@@ -143,12 +144,15 @@ class Setup:
       vocab=self.vocab,
     )
 
-  def train_flops(self, scored_per_row: int) -> float:
+  def train_flops(self, scored_per_row: int, shared_width: int = 0) -> float:
     """A train step's counted FLOPs: the policy's forward and backward (3 forwards) and the
     reference's forward over 2P rows of `length` tokens (full masked attention: `length` keys a
     query), the output projection at `scored_per_row` positions a row (rematerialisation not
-    counted)."""
+    counted). With `shared_width`, what the step computes with `loss.share_prompts`: P rows of
+    that width, the output projection at 2·`scored_per_row` positions a pair."""
     rows = 2 * self.pairs
+    if shared_width:
+      return 4 * self.dims.forward_flops(self.pairs * shared_width, shared_width, rows * scored_per_row)
     return 4 * self.dims.forward_flops(rows * self.length, self.length, rows * scored_per_row)
 
   def rollout_bound(self, bandwidth_gb_s: float, itemsize: int = 4) -> float:
@@ -190,9 +194,10 @@ class SideResult:
   greedy_tokens: list[list[int]]
 
 
-def write_inputs(setup: Setup, path: pathlib.Path) -> int:
+def write_inputs(setup: Setup, path: pathlib.Path) -> tuple[int, int, int]:
   """The checkpoint, `batch.npz` and `rollout.json` every side reads; returns the batch's non-pad
-  tokens (the train step's token count) and its completion window (positions scored a row)."""
+  tokens (the train step's token count), its completion window (positions scored a row) and the
+  width of its rows with the prompt shared (`jax_shared`'s)."""
   import numpy as np
 
   from benchmarks import train_step_bench as tsb
@@ -222,7 +227,8 @@ def write_inputs(setup: Setup, path: pathlib.Path) -> int:
     chunks=setup.chunks,
   )
   (path / "rollout.json").write_text(json.dumps(settings))
-  return int(batch["attention_mask"].sum()), batch["completion_positions"].shape[1]
+  shared_width = tsb.shared_batch(batch)["tokens"].shape[1]
+  return int(batch["attention_mask"].sum()), batch["completion_positions"].shape[1], shared_width
 
 
 def agreement(results: dict[str, SideResult], theirs: str, tolerance: Tolerance) -> dict:
@@ -273,7 +279,7 @@ def run(
   then side), agreement (JAX against each PyTorch side of the same dtype), each side's bfloat16 ÷
   float32 gap and failures (by worker, "side:dtype")."""
   checkpoint = workdir / "checkpoint"
-  tokens, window = write_inputs(setup, checkpoint)
+  tokens, window, shared_width = write_inputs(setup, checkpoint)
   env = {
     k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "PYTHONPATH", "XLA_FLAGS")
   }
@@ -329,15 +335,16 @@ def run(
       for s in results["bfloat16"]
       if s in results["float32"]
     }
-  windowed = ("jax", "jax_xla_attention", "torch_window")
+  windowed = ("jax", "jax_xla_attention", "jax_shared", "torch_window")
   scored = {s: window if s in windowed else setup.length - 1 for s in sides}
+  width = {s: shared_width if s == "jax_shared" else 0 for s in sides}
   return {
     "results": results,
     "agreement": agree,
     "bfloat16_gap": gaps,
     "failures": failures,
     "train_tokens": tokens,
-    "train_flops": {s: setup.train_flops(k) for s, k in scored.items()},
+    "train_flops": {s: setup.train_flops(k, width[s]) for s, k in scored.items()},
   }
 
 
@@ -410,6 +417,11 @@ def print_dtype(dtype: str, results: dict[str, SideResult], agree: dict, fractio
       f"{r.first_grad_norm:10.5f} {agree_cell:>5}  {r.version}, {r.threads} threads",
       flush=True,
     )
+  shared = results.get("jax_shared")
+  for side, r in results.items():
+    if shared is not None and side.startswith("torch"):  # the prompt once a pair, against PyTorch's rows
+      train = fmt(harness.ratios(shared.train_tok_s, r.train_tok_s), 2)
+      print(f"jax_shared ÷ {side} ({dtype}): train tok/s {train}× (within a trial; the same batch's tokens)")
   for side, a in agree.items():
     print(
       f"agreement with {side} ({dtype}): greedy {a['greedy']:.2f} over {AGREEMENT_STEPS} steps, first "

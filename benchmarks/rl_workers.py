@@ -1,10 +1,11 @@
 """The two sides of `benchmarks.rl_bench`, each a worker process of `benchmarks.engines.serve`.
 
-  python -m benchmarks.rl_workers jax|jax_xla_attention|torch|torch_window DIR [float32|bfloat16]
+  python -m benchmarks.rl_workers jax|jax_xla_attention|jax_shared|torch|torch_window DIR [float32|bfloat16]
 
 `jax_xla_attention` is `jax` with its train step's attention in XLA's ops instead of
 `lm.cpu_gemm`'s kernel (`lm.model.cpu_attention(0)`): the kernel's share of the step, measured in
-the same interleaved run (its rollout is `jax`'s: the sampler picks its own kernels).
+the same interleaved run (its rollout is `jax`'s: the sampler picks its own kernels). `jax_shared`
+is `jax` with the trainer's `loss.share_prompts`: each pair one row, its prompt computed once.
 
 The last argument is the step's dtype (float32 unless given): "bfloat16" keeps float32 master
 weights, gradients and AdamW state on both sides and runs the products on bfloat16 operands (JAX:
@@ -50,7 +51,9 @@ class JaxSide:
   (`Sampler.refresh`, as `dpa_grpo.train` does, counted in the train step: `step.apply` donates
   the buffers the sampler viewed)."""
 
-  def __init__(self, path: str, dtype: str = "float32", attention_threads: int | None = None):
+  def __init__(
+    self, path: str, dtype: str = "float32", attention_threads: int | None = None, share_prompts: bool = False
+  ):
     import jax
 
     from benchmarks.train_step_bench import JaxStep
@@ -59,7 +62,8 @@ class JaxSide:
 
     self.version = f"jax {jax.__version__}"
     self.settings, batch = _settings(path)
-    self.trainer = JaxStep(path, batch, self.settings["chunks"], compute_dtype=dtype)
+    chunks = self.settings["chunks"]
+    self.trainer = JaxStep(path, batch, chunks, compute_dtype=dtype, share_prompts=share_prompts)
     self.sampler = sampler_lib.Sampler(self.trainer.policy(), config=config_lib.ExperimentConfig().sampler)
     self.calls = 0
     self.attention_threads = attention_threads  # None: `lm.model`'s default (the kernel, one device)
@@ -153,6 +157,7 @@ class TorchSide:
 SIDES = {
   "jax": JaxSide,
   "jax_xla_attention": functools.partial(JaxSide, attention_threads=0),
+  "jax_shared": functools.partial(JaxSide, share_prompts=True),
   "torch": TorchSide,
   "torch_window": functools.partial(TorchSide, window=True),
 }

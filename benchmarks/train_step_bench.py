@@ -67,14 +67,30 @@ def small_qwen3(vocab: int, *, hidden: int = 256, layers: int = 4, heads: int = 
 
 
 def make_batch(pairs: int, length: int, vocab: int) -> dict[str, np.ndarray]:
-  """P pairs of (prompt + one of two actions of 4–15 tokens), left-padded to `length`, with 0/1
-  rewards: the packed batch a DPA-GRPO train step scores."""
+  """P pairs of (one prompt of `length` − 16 tokens + each of two actions of 4–15 tokens), two rows
+  a pair left-padded to `length`, with 0/1 rewards: the packed batch a DPA-GRPO train step scores
+  (a pair's two actions answer the same prompt, `dpa_grpo.packing.Item`)."""
   rng = np.random.RandomState(0)
-  prompts = [list(rng.randint(3, vocab, length - 16)) for _ in range(pairs) for _ in range(2)]
+  prompts = [list(rng.randint(3, vocab, length - 16)) for _ in range(pairs)]
   actions = [list(rng.randint(3, vocab, rng.randint(4, 16))) for _ in range(2 * pairs)]
-  batch = scoring.pack_pairs(prompts, actions, length_multiple=length)
+  batch = scoring.pack_pairs([p for p in prompts for _ in range(2)], actions, length_multiple=length)
   batch["rewards"] = rng.randint(0, 2, (pairs, 2)).astype(np.float32)
   return batch
+
+
+def shared_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """`make_batch`'s pairs as one row each, the prompt once (`scoring.pack_shared_pairs`, width a
+  multiple of 16; `loss.share_prompts`'s layout), with the same rewards."""
+  prompt = (batch["attention_mask"] == 1) & (batch["completion_mask"] == 0)
+  done = batch["completion_mask"] == 1
+  rows = [(t[p].tolist(), t[c].tolist()) for t, p, c in zip(batch["tokens"], prompt, done, strict=True)]
+  if any(rows[2 * i][0] != rows[2 * i + 1][0] for i in range(len(rows) // 2)):
+    raise ValueError("a pair's two rows have different prompts: they cannot share one")
+  shared = scoring.pack_shared_pairs(
+    [rows[2 * i][0] for i in range(len(rows) // 2)],
+    [(rows[2 * i][1], rows[2 * i + 1][1]) for i in range(len(rows) // 2)],
+  )
+  return {**shared, "rewards": batch["rewards"]}
 
 
 class JaxStep:
@@ -85,9 +101,17 @@ class JaxStep:
 
   `compute_dtype` is the products' dtype (`lm.load_hf`'s): "bfloat16" keeps float32 parameters,
   gradients and AdamW state and runs every matrix product on bfloat16 operands, the counterpart of
-  PyTorch's autocast (`TorchStep`'s `autocast`)."""
+  PyTorch's autocast (`TorchStep`'s `autocast`). `share_prompts`: the trainer's
+  `loss.share_prompts`, each pair one row with its prompt once (`shared_batch`)."""
 
-  def __init__(self, path: str, batch: dict[str, np.ndarray], chunks: int, compute_dtype: str = "float32"):
+  def __init__(
+    self,
+    path: str,
+    batch: dict[str, np.ndarray],
+    chunks: int,
+    compute_dtype: str = "float32",
+    share_prompts: bool = False,
+  ):
     model = hf.load_hf(path, dtype="float32", compute_dtype=compute_dtype)
     graphdef, params = nnx.split(model)
     self.policies = Policies(graphdef, None)
@@ -100,9 +124,12 @@ class JaxStep:
     if pairs % chunks:
       raise ValueError(f"--pairs {pairs} is not a multiple of --chunks {chunks}")
     per = pairs // chunks
+    rows_a_pair = 1 if share_prompts else 2
+    if share_prompts:
+      batch = shared_batch(batch)
     self.inputs = []
     for i in range(chunks):
-      rows = slice(2 * i * per, 2 * (i + 1) * per)
+      rows = slice(rows_a_pair * i * per, rows_a_pair * (i + 1) * per)
       chunk = {k: jnp.asarray(v[rows]) for k, v in batch.items() if k != "rewards"}
       chunk |= {
         "rewards": jnp.asarray(batch["rewards"][i * per : (i + 1) * per]),

@@ -150,6 +150,14 @@ class LossConfig:
       `lm.model.REMAT_POLICIES` ("none"; "dots_saveable": matmul outputs kept; "full": only the
       layer's input kept). With `train.pairs_per_chunk` / `groups_per_chunk` (the micro-batch
       the step accumulates gradients over) it sets a train step's activation memory.
+  Speed:
+    share_prompts: score each pair (both actions share their prompt) as one row [prompt, first,
+      second], the second attending the prompt and not the first (`lm.scoring.pack_shared_pairs`):
+      the same loss and gradient as the two rows, with the prompt's forward and backward pass done
+      once — close to half the step's work when prompts are long and actions short. The rows'
+      [T, T] attention mask is then a whole array at any length (`lm.model.branch_mask`), where
+      two-row packing uses blockwise attention past `model.attention_block`; and chunks round
+      `train.pairs_per_chunk` up to the mesh's batch axes (one row a pair).
   """
 
   beta: float = 0.04
@@ -177,6 +185,7 @@ class LossConfig:
   skip_verifier_on_invalid_draft: bool = False
   pair_actions: str = "reply_prefix"
   remat: str = "none"
+  share_prompts: bool = False
 
   def __post_init__(self):
     if self.remat not in REMAT_POLICIES:

@@ -176,7 +176,12 @@ class DPALossConfig:
 def pair_logprobs(
   model, batch: dict[str, jax.Array], *, vocab_chunk: int = 8192, remat: bool = False
 ) -> jax.Array:
-  """Length-normalised log-probs of both actions of P pairs: rows (2p, 2p+1) of the batch.  # [P, 2]"""
+  """Length-normalised log-probs [P, 2] of both actions of P pairs.
+
+  The batch holds pair p as rows (2p, 2p+1) (`scoring.pack_pairs`) or as one row with the prompt
+  once (`scoring.pack_shared_pairs`, which has `branch`: `loss.share_prompts`); both give the same
+  values, the second with each prompt's forward and backward pass computed once.
+  """
   _, per_sequence = scoring.sequence_logprobs(model, batch, normalize=True, chunk=vocab_chunk, remat=remat)
   return per_sequence.reshape(-1, 2)
 

@@ -282,13 +282,21 @@ def draft_pair_items(groups: Sequence[rollout.Group]) -> list[Item]:
 
 
 def dpa_chunks(
-  items: Sequence[Item], num_components: int, pairs: int, pad_id: int, aggregate: str = "mean"
+  items: Sequence[Item],
+  num_components: int,
+  pairs: int,
+  pad_id: int,
+  aggregate: str = "mean",
+  share_prompts: bool = False,
 ) -> list[dict[str, np.ndarray]]:
   """Fixed-size chunks of `pairs` items; `share` and penalties make chunk losses add to the step's.
 
   `aggregate`: "mean" — each component's loss is the mean over its units in the update; "sum" —
   the sum (the reference code's: every group's loss, ÷ its size, summed over the update's
-  transitions), through `component_total`, and penalties not divided by the units."""
+  transitions), through `component_total`, and penalties not divided by the units.
+  `share_prompts` (`loss.share_prompts`): each item one row [prompt, first, second]
+  (`scoring.pack_shared_pairs`) instead of two rows [prompt, first], [prompt, second]; the same
+  loss and gradient with each prompt computed once."""
   counts = np.bincount([i.component for i in items if i.component >= 0], minlength=num_components)
   units = max(1, sum(1 for i in items if i.component == 0) or len(items)) if aggregate == "mean" else 1
   weighted = any(i.weight != 1.0 for i in items)
@@ -297,9 +305,14 @@ def dpa_chunks(
   for start in range(0, len(items), pairs):
     chunk = list(items[start : start + pairs])
     chunk += [Item(prompt=[pad_id], completions=((), ()))] * (pairs - len(chunk))
-    prompts = [i.prompt for i in chunk for _ in range(2)]
-    completions = [c for i in chunk for c in i.completions]
-    batch = pack_rows(prompts, completions, pad_id)
+    if share_prompts:
+      width = shapes.width_bucket(max(len(i.prompt) + sum(map(len, i.completions)) for i in chunk))
+      prompts, completions = [i.prompt for i in chunk], [tuple(i.completions) for i in chunk]
+      batch = scoring.pack_shared_pairs(prompts, completions, pad_id=pad_id, length_multiple=width)
+    else:
+      prompts = [i.prompt for i in chunk for _ in range(2)]
+      completions = [c for i in chunk for c in i.completions]
+      batch = pack_rows(prompts, completions, pad_id)
     component = np.array([i.component for i in chunk], np.int32)
     in_chunk = np.bincount(component[component >= 0], minlength=num_components)
     batch.update(

@@ -91,7 +91,9 @@ def shaped_step(exp: config_lib.ExperimentConfig, target: plan_lib.Target, lengt
                  component=0)
     for _ in range(pairs)
   ]  # fmt: skip
-  (chunk,) = packing.dpa_chunks(items, len(loss_cfg[role].components), pairs, 0, exp.loss.aggregate)
+  (chunk,) = packing.dpa_chunks(
+    items, len(loss_cfg[role].components), pairs, 0, exp.loss.aggregate, share_prompts=exp.loss.share_prompts
+  )
   batch = plan_lib.abstract_rows(chunk, mesh, shard)
   key = None
   if exp.lora.enabled and exp.lora.dropout > 0:

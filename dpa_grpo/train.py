@@ -76,6 +76,21 @@ def _summary_writer(logdir: str, purge_step: int) -> Any:
   return SummaryWriter(logdir, purge_step=purge_step)
 
 
+# A chunk's per-row arrays (`scoring.pack_pairs`'s and `pack_shared_pairs`'), split over the mesh's
+# batch axes; its other arrays are per-pair or per-step values, replicated.
+_ROW_KEYS = (
+  "tokens",
+  "attention_mask",
+  "completion_mask",
+  "completion_positions",
+  "positions",
+  "branch",
+  "score_sources",
+  "score_targets",
+  "score_mask",
+)
+
+
 class Trainer:
   """The training loop's state and I/O; the numerics live in `dpa_grpo.step`'s jitted functions."""
 
@@ -216,7 +231,7 @@ class Trainer:
     replicated = NamedSharding(self.mesh, P())
     placed = {}
     for key, value in batch.items():
-      if key in ("tokens", "attention_mask", "completion_mask", "completion_positions"):  # [B, ...] rows
+      if key in _ROW_KEYS:  # [B, ...] rows
         placed[key] = jax.device_put(value, sharding_lib.batch_sharding(self.mesh, value.shape))
       else:
         placed[key] = jax.device_put(value, replicated)
@@ -228,14 +243,22 @@ class Trainer:
     """Rollout and packing: chunks per role, the step's records and its rollout metrics."""
     c = self.config
     seed = c.seed if seed is None else seed
-    pairs = shapes.round_up(c.train.pairs_per_chunk, self.batch_multiple // math.gcd(self.batch_multiple, 2))
+    rows_a_pair = 1 if c.loss.share_prompts else 2
+    pairs = shapes.round_up(
+      c.train.pairs_per_chunk, self.batch_multiple // math.gcd(self.batch_multiple, rows_a_pair)
+    )
     if self.method == "dpa_grpo":
       g, v = self.samplers["generator"], self.samplers["verifier"]
       units = rollout.play(cases, g, v, self.rollout_cfg, seed=seed, step=step)
       items = packing.dpa_items(units, self.tokenizer, c.loss)
       chunks = {
         role: packing.dpa_chunks(
-          items[role], len(self.loss_cfgs[role].components), pairs, self.pad_id, c.loss.aggregate
+          items[role],
+          len(self.loss_cfgs[role].components),
+          pairs,
+          self.pad_id,
+          c.loss.aggregate,
+          share_prompts=c.loss.share_prompts,
         )
         for role in self.roles
       }
@@ -245,7 +268,11 @@ class Trainer:
     metrics = {"reward": float(rewards.mean()), "groups": len(groups)}
     if self.loss_method == "dpa_grpo":  # the reference baseline: the pair loss, tied groups skipped
       items = packing.draft_pair_items(groups)
-      chunks = {"generator": packing.dpa_chunks(items, 1, pairs, self.pad_id, c.loss.aggregate)}
+      chunks = {
+        "generator": packing.dpa_chunks(
+          items, 1, pairs, self.pad_id, c.loss.aggregate, share_prompts=c.loss.share_prompts
+        )
+      }
       return chunks, [g.record() for g in groups], {**metrics, "untied_groups": len(items)}
     chunks = {"generator": self._group_chunks(groups)}
     records = [g.record() for g in groups]

@@ -281,15 +281,21 @@ class Qwen(nnx.Module):
     layer_weights: LayerWeights | None = None,
     matmul: Matmul = matmul,
     prefix_mask: Array | None = None,
+    branch: Array | None = None,
   ) -> tuple[Array, Cache | None]:
     """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read.
 
     `layer_weights` (from `unstacked_layer_weights`) lets a decode loop split the stacked weights
     once, outside the loop, instead of slicing every layer's weights at every step; with fused
     ones (`fuse_projections`), `matmul` computes their products (`decoder_layer`). `prefix_mask`
-    [P, Lp]: the rows share their prompts' cached keys (`cached_decoder_stack`).
+    [P, Lp]: the rows share their prompts' cached keys (`cached_decoder_stack`). `branch` [B, T]
+    int (no cache; pass `positions` too): each row is a tree, a shared stem (0) and branches
+    (1, 2, ...) that each continue it — a token attends the stem and its own branch only
+    (`branch_mask`; `lm.scoring.pack_shared_pairs` builds such rows).
     """
     length = tokens.shape[1]
+    if branch is not None and (cache is not None or positions is None):
+      raise ValueError("branch rows need their positions and run without a cache")
     if cache is None:
       key_mask = jnp.ones(tokens.shape, jnp.bool_) if attention_mask is None else attention_mask.astype(bool)
       if positions is None:
@@ -312,6 +318,7 @@ class Qwen(nnx.Module):
         dtype=self.dtype,
         remat=remat,
         constrain=self._constrain,
+        branch=branch,
       )
       new_cache = None
     else:
@@ -1030,6 +1037,21 @@ def _attention_mask(
   return causal[None] & key_mask[:, None, :]
 
 
+def branch_mask(key_mask: Array, branch: Array) -> Array:
+  """[B, T, T] mask of tree rows: query t sees real key s ≤ t of the stem (branch 0) or of its own
+  branch. A row [stem, branch 1, branch 2] then computes, in one pass, what the two rows
+  [stem, branch 1] and [stem, branch 2] compute (the branches' positions continue the stem's, as
+  `lm.scoring.pack_shared_pairs` sets them), with the stem's work done once.
+
+  Always a whole [T, S] array, even past `attention_block`: on XLA:CPU the attention kernel reads
+  such a mask in its blocks; elsewhere the plain attention's scores are [T, S] anyway.
+  """
+  t = key_mask.shape[1]
+  causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]  # [T, S]
+  own = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])  # [B, T, S]
+  return causal[None] & own & key_mask.astype(bool)[:, None, :]
+
+
 # Per-layer rematerialisation in the backward pass, by name (`decoder_stack`'s `remat`):
 #   "none"           every activation of the forward pass is kept (fastest, most memory);
 #   "dots_saveable"  matmul results without batch dimensions are kept, the rest recomputed
@@ -1060,11 +1082,15 @@ def decoder_stack(
   dtype: Any,
   remat: bool | str = False,
   constrain=lambda x: x,
+  branch: Array | None = None,
 ) -> Array:
   """All layers over a whole sequence with `lax.scan` over the stacked weights (training, scoring),
   unrolled when the model has at most `config.unroll_layers` layers; `remat` names each layer's
-  rematerialisation policy (`REMAT_POLICIES`)."""
-  mask = _attention_mask(key_mask, x.shape[1], 0, config.attention_block)
+  rematerialisation policy (`REMAT_POLICIES`); `branch` [B, T]: tree rows (`branch_mask`)."""
+  if branch is None:
+    mask = _attention_mask(key_mask, x.shape[1], 0, config.attention_block)
+  else:
+    mask = branch_mask(key_mask, branch)
   rotary = rope_table(positions, config.head_dim, config.rope_theta, dtype)
 
   def body(carry, w):

@@ -150,8 +150,12 @@ def sequence_logprobs(
 
   With `normalize`, the sequence value is the mean over completion tokens (the length-normalised
   log-prob DPA-GRPO uses), else the sum. Where the batch has `completion_positions` (`pack_pairs`
-  gives them), only those positions are scored; they must hold every completion token.
+  gives them), only those positions are scored; they must hold every completion token. A
+  `pack_shared_pairs` batch (it has `branch`) gives per-token [P, 2, K] (0 where `score_mask` is)
+  and per-completion [P, 2]: the values of the two rows each pair stands for.
   """
+  if "branch" in batch:
+    return _shared_pair_logprobs(model, batch, normalize=normalize, chunk=chunk, remat=remat)
   per_token = token_logprobs(
     model,
     batch["tokens"],
@@ -164,4 +168,84 @@ def sequence_logprobs(
   total = jnp.sum(per_token, axis=1)
   if normalize:
     total = total / jnp.maximum(jnp.sum(batch["completion_mask"], axis=1), 1)
+  return per_token, total
+
+
+def pack_shared_pairs(
+  prompts: Sequence[Sequence[int]],
+  pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+  *,
+  pad_id: int = 0,
+  length_multiple: int = 16,
+) -> dict[str, np.ndarray]:
+  """Pairs of completions of one prompt, one row a pair: [prompt, first, second], left-padded.
+
+  What `pack_pairs` gives as two rows [prompt, first] and [prompt, second], here with the prompt
+  once: the second completion attends the prompt but not the first (`branch` 1 and 2 for the two,
+  0 for the prompt; `lm.model.branch_mask`), and its positions restart where the prompt ends, so
+  both completions' log-probs are those of their own rows while the prompt's forward and backward
+  pass is computed once. A DPA-GRPO pair's two actions share their prompt (`dpa_grpo.packing.Item`),
+  so most of a pair's tokens are computed once instead of twice.
+
+  Returns `tokens`, `attention_mask`, `positions`, `branch` [P, T] (T rounded up to
+  `length_multiple`) and, per completion token, the position of the hidden state that predicts it
+  (`score_sources`: the prompt's last token for each completion's first token), its id
+  (`score_targets`) and 1 where it is real (`score_mask`), [P, 2, K] with K the longest completion
+  rounded up to a power of two (at least 16).
+  """
+  if len(prompts) != len(pairs):
+    raise ValueError(f"{len(prompts)} prompts but {len(pairs)} completion pairs")
+  if any(len(p) == 0 for p in prompts):
+    raise ValueError("every prompt needs at least one token")
+  lengths = [len(p) + len(a) + len(b) for p, (a, b) in zip(prompts, pairs, strict=True)]
+  width = round_up(max(lengths), length_multiple)
+  window = pow2_bucket(max(len(c) for pair in pairs for c in pair), 16)
+  rows = len(prompts)
+  tokens = np.full((rows, width), pad_id, np.int32)
+  attention, positions, branch = (np.zeros_like(tokens) for _ in range(3))
+  sources = np.zeros((rows, 2, window), np.int32)
+  targets = np.full((rows, 2, window), pad_id, np.int32)
+  scored = np.zeros((rows, 2, window), np.float32)
+  for i, (prompt, pair) in enumerate(zip(prompts, pairs, strict=True)):
+    start = width - lengths[i]
+    end = start + len(prompt)  # where the first completion starts
+    tokens[i, start:] = list(prompt) + list(pair[0]) + list(pair[1])
+    attention[i, start:] = 1
+    positions[i, start:end] = np.arange(len(prompt))
+    for j, completion in enumerate(pair):
+      n = len(completion)
+      begin = end + (len(pair[0]) if j else 0)
+      positions[i, begin : begin + n] = len(prompt) + np.arange(n)
+      branch[i, begin : begin + n] = j + 1
+      sources[i, j, :n] = [end - 1] + list(range(begin, begin + n - 1))
+      targets[i, j, :n] = completion
+      scored[i, j, :n] = 1.0
+  return {
+    "tokens": tokens,
+    "attention_mask": attention,
+    "positions": positions,
+    "branch": branch,
+    "score_sources": sources,
+    "score_targets": targets,
+    "score_mask": scored,
+  }
+
+
+def _shared_pair_logprobs(model: Qwen, batch: dict[str, Array], *, normalize: bool, chunk: int, remat: bool):
+  hidden, _ = model.hidden_states(
+    batch["tokens"],
+    positions=batch["positions"],
+    attention_mask=batch["attention_mask"],
+    branch=batch["branch"],
+    remat=remat,
+  )
+  rows, _, window = batch["score_sources"].shape
+  sources = batch["score_sources"].reshape(rows, 2 * window)
+  before = jnp.take_along_axis(hidden, sources[..., None], axis=1)  # [P, 2K, D]
+  targets = batch["score_targets"].reshape(rows, 2 * window)
+  logp = chunked_token_logprobs(before, model.output_weight_vd(), targets, chunk).reshape(rows, 2, window)
+  per_token = jnp.where(batch["score_mask"] > 0, logp, 0.0)
+  total = jnp.sum(per_token, axis=-1)
+  if normalize:
+    total = total / jnp.maximum(jnp.sum(batch["score_mask"], axis=-1), 1)
   return per_token, total
