@@ -97,7 +97,7 @@ _RL_BENCH = (
 COMMANDS.update({
   "python -m benchmarks.sampler_bench --shapes=a,b --engines=ours,vllm --baseline=5ed4b78 --trials=5": _BENCH,
   "python -m benchmarks.sampler_bench --quick": _BENCH,
-  "python -m benchmarks.rl_bench --trials=5 --sides=jax,jax_xla_attention,torch_window": _RL_BENCH,
+  "python -m benchmarks.rl_bench --trials=5": _RL_BENCH,
 })  # fmt: skip
 
 
