@@ -20,7 +20,9 @@ and the same inputs. A side's trial is one step:
   sampler refreshed after the update); PyTorch: `benchmarks.train_step_bench.TorchStep`.
   Both JAX and the `torch_window` side project onto the vocabulary only at the batch's completion
   window (`lm.scoring.pack_pairs`' `completion_positions`: the loss reads no other position);
-  `torch` projects every position, as a plain PyTorch loss would.
+  `torch` projects every position, as a plain PyTorch loss would. `jax_shared` is the trainer's
+  step with `loss.share_prompts`: each pair one row, its prompt computed once (the same loss and
+  gradient; `jax_shared ÷ torch_window` printed per dtype); every other side scores two rows a pair.
 
 What "bfloat16" means, on both sides: float32 master weights, gradients and AdamW state; the matrix
 products on bfloat16 operands. JAX: `lm.load_hf(path, dtype="float32", compute_dtype="bfloat16")`
