@@ -282,6 +282,7 @@ class Qwen(nnx.Module):
     matmul: Matmul = matmul,
     prefix_mask: Array | None = None,
     branch: Array | None = None,
+    last_only: bool = False,
   ) -> tuple[Array, Cache | None]:
     """Final-norm hidden states [B, T, D] (and the updated cache): what `logits` and scoring read.
 
@@ -291,11 +292,16 @@ class Qwen(nnx.Module):
     [P, Lp]: the rows share their prompts' cached keys (`cached_decoder_stack`). `branch` [B, T]
     int (no cache; pass `positions` too): each row is a tree, a shared stem (0) and branches
     (1, 2, ...) that each continue it — a token attends the stem and its own branch only
-    (`branch_mask`; `lm.scoring.pack_shared_pairs` builds such rows).
+    (`branch_mask`; `lm.scoring.pack_shared_pairs` builds such rows). `last_only` (with a cache):
+    hidden states [B, 1, D] of the last position only, every position's keys and values cached —
+    a prefill that wants the next token's logits skips the last layer's output projection and MLP
+    at the other positions.
     """
     length = tokens.shape[1]
     if branch is not None and (cache is not None or positions is None):
       raise ValueError("branch rows need their positions and run without a cache")
+    if last_only and cache is None:
+      raise ValueError("last_only is a cached (prefill) call's option")
     if cache is None:
       key_mask = jnp.ones(tokens.shape, jnp.bool_) if attention_mask is None else attention_mask.astype(bool)
       if positions is None:
@@ -334,6 +340,7 @@ class Qwen(nnx.Module):
         constrain=self._constrain,
         matmul=matmul,
         prefix_mask=prefix_mask,
+        last_only=last_only,
       )
     return rms_norm(hidden, self.final_norm_d[...], self.config.rms_norm_eps), new_cache
 
@@ -837,9 +844,12 @@ def decoder_layer(
   cache_index: Array | int,
   dtype: Any,
   matmul: Matmul = matmul,
+  last_only: bool = False,
 ) -> tuple[Array, dict[str, Array] | None]:
   """One pre-norm decoder layer on x [B, T, D]; `w` holds this layer's weights (no L axis);
   `rotary` is the rope table of x's positions (`rope_table`, made once for every layer).
+  `last_only`: the output at the last position only, [B, 1, D] (the keys and values of every
+  position are still written): the output projection and the MLP skip the other T − 1.
 
   With `kv` (this layer's cache, [B, K, S, H] each), the new keys/values are written at slot
   `cache_index` and attention reads the whole cache (`mask` [B, T, S]), except for a prefill
@@ -853,6 +863,8 @@ def decoder_layer(
   h = rms_norm(x, w["input_norm_d"], eps)
   if _attention_block_applies(w, x, mask, kv, cache_index, dtype):
     attn, kv = _attention_block(config, w, h, rotary, mask, kv, cache_index, dtype, matmul)
+    if last_only:
+      x, attn = x[:, -1:], attn[:, -1:]
     return _layer_output(config, w, x, attn, dtype, matmul), kv
   if "qkv_dx" in w:  # fused weights (`fuse_projections`): one product instead of three
     b, t = h.shape[:2]
@@ -888,6 +900,8 @@ def decoder_layer(
       prefix = (kv["prefix_k"].astype(dtype), kv["prefix_v"].astype(dtype))
   attn = attend(q, k, v, mask, config.attention_block, prefix, config.attention_impl)  # [B, T, N, H]
   attn = attn.astype(dtype)  # (a float32 cache's decode attention is float32)
+  if last_only:
+    x, attn = x[:, -1:], attn[:, -1:]
   return _layer_output(config, w, x, attn.reshape(*attn.shape[:2], -1), dtype, matmul), kv
 
 
@@ -1117,8 +1131,10 @@ def cached_decoder_stack(
   constrain=lambda x: x,
   matmul: Matmul = matmul,
   prefix_mask: Array | None = None,
+  last_only: bool = False,
 ) -> tuple[Array, Cache]:
   """All layers with a KV cache, unrolled: each layer reads its own weight and cache buffers.
+  `last_only`: the last layer's output at the last position only, [B, 1, D] (`decoder_layer`).
 
   Unrolling (instead of scanning) is what keeps a decode step at one read of every weight: a scan
   over stacked weights copies each layer's slice, and a scanned cache is rewritten every step.
@@ -1132,8 +1148,9 @@ def cached_decoder_stack(
     mask = SharedPrefixMask(mask, prefix_mask.astype(bool))
   rotary = rope_table(positions, config.head_dim, config.rope_theta, dtype)
   new_cache = []
-  for w, kv in zip(layer_weights, cache, strict=True):
-    x, kv = decoder_layer(config, w, x, rotary, mask, kv, cache_index, dtype, matmul)
+  for i, (w, kv) in enumerate(zip(layer_weights, cache, strict=True)):
+    last = last_only and i == len(cache) - 1
+    x, kv = decoder_layer(config, w, x, rotary, mask, kv, cache_index, dtype, matmul, last_only=last)
     x = constrain(x)
     new_cache.append(kv)
   return x, new_cache

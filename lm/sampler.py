@@ -769,8 +769,9 @@ def _prefill_fn(graphdef, cache_dtype, gemm_threads: int, jit: bool):
         cache_index=0,
         layer_weights=layer_weights,
         matmul=matmul,
+        last_only=True,  # only the last prompt position's logits are read
       )
-    return cache, _head(hidden[:, -1], head_dv, matmul)  # only the last prompt position's logits
+    return cache, _head(hidden[:, -1], head_dv, matmul)
 
   return jax.jit(prefill) if jit else prefill
 

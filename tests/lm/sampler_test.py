@@ -316,3 +316,36 @@ def test_one_new_token_is_the_first_token_of_a_longer_call_without_a_loop(checkp
   # no decode loop in the one-token program (its other loops are the sampling's random bits)
   text = {n: sampler.lowered(PROMPTS, max_new_tokens=n)["decode"].compile().as_text() for n in (1, 2)}
   assert text[1].count(" while(") < text[2].count(" while(")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per_weight", "fused"])
+@pytest.mark.parametrize("kernels", [None, 0], ids=["cpu_kernels", "xla_ops"])
+def test_a_prefill_runs_its_last_layer_past_attention_at_the_last_position_only(checkpoint, fused, kernels):
+  """`hidden_states(..., last_only=True)` (the sampler's prefill, which reads the last position's
+  logits only): [B, 1, D], the last position's hidden state and every layer's cache as the whole
+  prefill has them (the fused weights with the CPU kernels take the attention block's path)."""
+  from lm import model as model_lib
+
+  _, model = checkpoint
+  width = max(len(p) for p in PROMPTS)
+  tokens = jnp.asarray([[0] * (width - len(p)) + p for p in PROMPTS])
+  mask = jnp.asarray([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+  weights = model_lib.fuse_projections(model.stacked_layer_weights()) if fused else None
+  got = {}
+  with model_lib.cpu_attention(kernels):
+    for last_only in (False, True):
+      got[last_only] = model.hidden_states(
+        tokens,
+        positions=model_lib.default_positions(mask),
+        attention_mask=mask,
+        cache=model.init_cache(len(PROMPTS), width, jnp.float32),
+        cache_index=0,
+        layer_weights=weights,
+        last_only=last_only,
+      )
+  (full, full_cache), (last, last_cache) = got[False], got[True]
+  assert last.shape == (len(PROMPTS), 1, full.shape[-1])
+  np.testing.assert_allclose(last[:, 0], full[:, -1], atol=1e-5)
+  assert np.abs(np.asarray(last[:, 0] - full[:, 0])).max() > 1e-2  # not any position's
+  for a, b in zip(jax.tree.leaves(last_cache), jax.tree.leaves(full_cache), strict=True):
+    np.testing.assert_array_equal(a, b)
