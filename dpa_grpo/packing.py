@@ -333,6 +333,15 @@ def dpa_chunks(
   return chunks
 
 
+def chunk_tokens(chunk: dict[str, np.ndarray]) -> int:
+  """A chunk's tokens as two rows a pair count them, whichever layout packed it (a shared row's
+  prompt counts twice), so a run's tokens a second compare across `loss.share_prompts`."""
+  tokens = int(chunk["attention_mask"].sum())
+  if "branch" in chunk:
+    tokens += int(((chunk["branch"] == 0) & (chunk["attention_mask"] == 1)).sum())
+  return tokens
+
+
 def group_chunks(
   groups: Sequence[rollout.Group], method: str, per_chunk: int, pad_id: int
 ) -> list[dict[str, np.ndarray]]:

@@ -400,7 +400,7 @@ class Trainer:
     tokens = 0
     for role, role_chunks in chunks.items():
       for index, chunk in enumerate(role_chunks):
-        tokens += int(chunk["attention_mask"].sum())
+        tokens += packing.chunk_tokens(chunk)
         grads, value, parts = step_lib.accumulate(
           grads,
           self.trainable,

@@ -43,6 +43,9 @@ def test_shared_prompt_chunks_give_the_two_row_loss_and_gradient(compute_dtype):
   for share in (False, True):
     (chunk,) = packing.dpa_chunks(_items(), 2, 6, pad_id=0, share_prompts=share)  # 5 items and a pad
     assert chunk["tokens"].shape[0] == (6 if share else 12)
+    # 5 items' prompts and completions, two rows each; the padding item's one-token prompt twice
+    expected = sum(2 * len(i.prompt) + sum(map(len, i.completions)) for i in _items()) + 2
+    assert packing.chunk_tokens(chunk) == expected
     zeros = jax.tree.map(jnp.zeros_like, trainable)
     grads, loss, metrics = step.accumulate(
       zeros,
