@@ -36,29 +36,31 @@ os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# The tests that run longest (call seconds, --durations on 2 cores, 2026-12-04), heaviest first; then
+# The tests that run longest (call seconds, --durations of `.ci/run` on a fresh clone, 2 cores,
+# 2026-12-06), heaviest first; then
 # the modules whose tests run longest, heaviest first; then every other module holding a test marked
 # slow; then the rest, each group in its collection order. With the scheduler handing tests out one
 # at a time (pytest_configure below), this is longest-first list scheduling: each worker takes the
 # next longest test when it finishes one, and the suite ends on short tests on both workers.
-_SLOWEST_TEXT = """
-285 multihost/two_process_test.py::test_dpa_grpo_two_processes_killed_and_resumed_match_one_process
-116 benchmarks/rl_bench_test.py::test_quick_run_measures_both_sides_of_a_dpa_grpo_step_and_they_agree
-84 dpa_grpo/reference_path_test.py::test_reference_settings_with_their_skips_train_every_kind_of_update
-77 kace/methods_test.py::test_every_method_runs_end_to_end_into_the_table
-73 multihost/two_process_test.py::test_kace_eval_two_processes_killed_and_resumed_match_one_process
-69 kace/testbed_pipeline_test.py::test_testbed_comparison_runs_every_method_with_the_oracle_roles
-69 dpa_grpo/smoke_test.py::test_qwen3_4b_preset_code_path_runs_two_steps_on_cpu
-65 kace/endpoint_test.py::test_openai_preset_against_lm_server_matches_its_dry_run
-65 launch/main_test.py::test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates
-49 dpa_grpo/train_test.py::test_kill_minus_nine_and_resume_is_bit_identical
-49 launch/readme_commands_test.py::test_kace_build_and_table_smoke_runs
-48 kace/testbed_pipeline_test.py::test_the_launcher_refuses_a_solver_that_fails_its_gates
-48 dpa_grpo/engine_test.py::test_two_steps_from_our_server_with_adapters_reloaded
-47 dpa_grpo/reproduce_test.py::test_reproduce_end_to_end_writes_the_report
-46 benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline_commit
-"""  # seconds, then the test's id under tests/
-_SLOWEST = {test: float(seconds) for seconds, test in map(str.split, _SLOWEST_TEXT.strip().splitlines())}
+_SLOWEST = {  # seconds, by the test's id under tests/
+  "multihost/two_process_test.py::test_dpa_grpo_two_processes_killed_and_resumed_match_one_process": 199,
+  "benchmarks/rl_bench_test.py::test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in"
+  "_both_dtypes_and_they_agree": 93,
+  "dpa_grpo/reference_path_test.py::test_reference_settings_with_their_skips_train_every_kind_of_update": 92,
+  "launch/main_test.py::test_the_main_job_at_smoke_size_reports_both_parts_stopped_at_their_gates": 83,
+  "dpa_grpo/smoke_test.py::test_qwen3_4b_preset_code_path_runs_two_steps_on_cpu": 79,
+  "kace/methods_test.py::test_every_method_runs_end_to_end_into_the_table": 78,
+  "dpa_grpo/engine_test.py::test_two_steps_from_our_server_with_adapters_reloaded": 66,
+  "kace/testbed_pipeline_test.py::test_testbed_comparison_runs_every_method_with_the_oracle_roles": 65,
+  "dpa_grpo/testbed_test.py::test_smoke_pipeline_runs_arms_resumes_and_refuses_a_changed_config": 56,
+  "multihost/two_process_test.py::test_kace_eval_two_processes_killed_and_resumed_match_one_process": 56,
+  "kace/plan_test.py::test_where_the_solver_does_not_fit_beside_the_teacher_the"
+  "_preset_carries_rows_that_do": 55,
+  "benchmarks/sampler_bench_test.py::test_quick_run_measures_ours_transformers_and_a_baseline"
+  "_commit_in_both_dtypes": 45,
+  "launch/readme_commands_test.py::test_kace_build_and_table_smoke_runs": 41,
+  "dpa_grpo/device_check_test.py::test_the_cpu_check_runs_the_planned_row_and_a_planted_mismatch_fails": 41,
+}
 _HEAVIEST = (
   "tests.multihost.two_process_test",
   "tests.dpa_grpo.reference_path_test",
