@@ -863,9 +863,7 @@ def decoder_layer(
   h = rms_norm(x, w["input_norm_d"], eps)
   if _attention_block_applies(w, x, mask, kv, cache_index, dtype):
     attn, kv = _attention_block(config, w, h, rotary, mask, kv, cache_index, dtype, matmul)
-    if last_only:
-      x, attn = x[:, -1:], attn[:, -1:]
-    return _layer_output(config, w, x, attn, dtype, matmul), kv
+    return _layer_output(config, w, x, attn, dtype, matmul, last_only), kv
   if "qkv_dx" in w:  # fused weights (`fuse_projections`): one product instead of three
     b, t = h.shape[:2]
     n, kv_heads, hd = config.num_heads, config.num_kv_heads, config.head_dim
@@ -900,18 +898,24 @@ def decoder_layer(
       prefix = (kv["prefix_k"].astype(dtype), kv["prefix_v"].astype(dtype))
   attn = attend(q, k, v, mask, config.attention_block, prefix, config.attention_impl)  # [B, T, N, H]
   attn = attn.astype(dtype)  # (a float32 cache's decode attention is float32)
-  if last_only:
-    x, attn = x[:, -1:], attn[:, -1:]
-  return _layer_output(config, w, x, attn.reshape(*attn.shape[:2], -1), dtype, matmul), kv
+  return _layer_output(config, w, x, attn.reshape(*attn.shape[:2], -1), dtype, matmul, last_only), kv
 
 
 def _layer_output(
-  config: ModelConfig, w: dict[str, Array], x: Array, attn: Array, dtype: Any, matmul: Matmul
+  config: ModelConfig,
+  w: dict[str, Array],
+  x: Array,
+  attn: Array,
+  dtype: Any,
+  matmul: Matmul,
+  last_only: bool = False,
 ) -> Array:
   """The rest of `decoder_layer` after attention: x [B, T, D] plus the output projection of attn
   [B, T, N·H] (values of `dtype`; a decode step's held as float32 by `_attention_block`), then
-  the MLP block."""
+  the MLP block; `last_only`: at the last position only ([B, 1, D])."""
   eps = config.rms_norm_eps
+  if last_only:
+    x, attn = x[:, -1:], attn[:, -1:]
   if "o_xd" in w:
     x = x + matmul(attn, w["o_xd"].astype(dtype), preferred_element_type=dtype)
   else:
