@@ -366,6 +366,123 @@ ffi::Error PackedGemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   return Run(p, pool, threads);
 }
 
+// ---- A prefill's bfloat16 products with AVX512_BF16 (VDPBF16PS) ----------------------------------
+//
+// y[M, N] = x[M, K] @ W[K, N] for bfloat16 rows x (row-major) and the packed bfloat16 weight above
+// ([ceil(N / 64), K, 64]); float32 sums, as XLA's bf16 dot (VDPBF16PS adds two products of bf16
+// values to a float32 sum; bf16 subnormals count as zero, as the instruction defines).
+// Why: a prefill's products are most of its first token (shape (b) of benchmarks/sampler_bench.py
+// in bf16: 589 of 674 ms), and XLA's bf16 dot (YNNPACK) ran them at 336-385 GFLOP/s on the 2-core
+// EPYC whose VDPBF16PS peak is 444: vLLM's prepacked oneDNN products ran the same four shapes at
+// 417-448 (docs/results/2026-12-06-bf16-prefill-products.md). The decode steps' widened float32
+// products (above) stay: at a few rows VDPBF16PS on k-pairs measured 1.3-1.5x slower.
+// How: one unit of work is one 64-column block over every row, in tiles of 6 rows x 64 columns (24
+// zmm sums) over all of K, so each sum is stored once (chunking K and reloading the sums measured
+// 0.85x). Rows k and k + 1 of the block (two 128-byte rows of the decode layout) are interleaved
+// into k-pairs in registers (VPUNPCKLWD / VPUNPCKHWD: 4 shuffles per 24 VDPBF16PS, which measured
+// level with a weight packed in k-pairs, so one packed copy serves both decode and prefill); x's
+// k-pair is one 32-bit broadcast read in place. The block (K x 128 bytes) stays in L2 over the
+// row tiles. The interleave leaves a sum's lanes in the column order 0-3, 8-11, ... (low) and 4-7,
+// 12-15, ... (high), put back in order at the store.
+#if defined(__AVX512BF16__) && defined(LM_GEMM_AVX512)
+#define LM_GEMM_BF16_DOT 1
+constexpr int kDotRows = 6;
+
+// y[0:rows, 0:cols] = x[0:rows, 0:K] @ block [K, 64] (rows <= kDotRows, cols <= 64; a shorter tile
+// computes its last row again for the missing ones and stores only its own).
+template <typename Y>
+inline void DotTile(const uint16_t* x, int64_t ldx, const uint16_t* block, int64_t k, Y* y, int64_t ldy,
+                    int rows, int cols) {
+  __m512 s[kDotRows][4];
+  for (int m = 0; m < kDotRows; ++m)
+    for (int j = 0; j < 4; ++j) s[m][j] = _mm512_setzero_ps();
+  const uint16_t* xr[kDotRows];
+  for (int m = 0; m < kDotRows; ++m) xr[m] = x + std::min(m, rows - 1) * ldx;
+  const int64_t pairs = k / 2;
+  auto step = [&](__m512i r0a, __m512i r0b, __m512i r1a, __m512i r1b, auto pair_of_row) {
+    const __m512bh b[4] = {(__m512bh)_mm512_unpacklo_epi16(r0a, r1a), (__m512bh)_mm512_unpackhi_epi16(r0a, r1a),
+                           (__m512bh)_mm512_unpacklo_epi16(r0b, r1b), (__m512bh)_mm512_unpackhi_epi16(r0b, r1b)};
+#pragma GCC unroll 6
+    for (int m = 0; m < kDotRows; ++m) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair_of_row(m));
+      for (int j = 0; j < 4; ++j) s[m][j] = _mm512_dpbf16_ps(s[m][j], a, b[j]);
+    }
+  };
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* w = block + p * 128;
+    step(_mm512_loadu_si512(w), _mm512_loadu_si512(w + 32), _mm512_loadu_si512(w + 64),
+         _mm512_loadu_si512(w + 96), [&](int m) {
+           int32_t v;
+           std::memcpy(&v, xr[m] + 2 * p, 4);
+           return v;
+         });
+  }
+  if (k % 2) {  // the last k alone: paired with a zero row and a zero x
+    const uint16_t* w = block + (k - 1) * 64;
+    const __m512i zero = _mm512_setzero_si512();
+    step(_mm512_loadu_si512(w), _mm512_loadu_si512(w + 32), zero, zero,
+         [&](int m) { return static_cast<int32_t>(xr[m][k - 1]); });
+  }
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int m = 0; m < rows; ++m)
+    for (int half = 0; half < 2; ++half) {
+      const __m512 out[2] = {_mm512_permutex2var_ps(s[m][2 * half], lo, s[m][2 * half + 1]),
+                             _mm512_permutex2var_ps(s[m][2 * half], hi, s[m][2 * half + 1])};
+      for (int q = 0; q < 2; ++q) {
+        const int c0 = 32 * half + 16 * q;
+        if (c0 >= cols) break;
+        const __mmask16 keep = cols - c0 >= 16 ? 0xffff : static_cast<__mmask16>((1u << (cols - c0)) - 1);
+        if constexpr (std::is_same_v<Y, float>)
+          _mm512_mask_storeu_ps(y + m * ldy + c0, keep, out[q]);
+        else  // rounded to nearest even (VCVTNEPS2BF16)
+          _mm256_mask_storeu_epi16(y + m * ldy + c0, keep, (__m256i)_mm512_cvtneps_pbh(out[q]));
+      }
+    }
+}
+#endif
+
+// bfloat16 x [M, K] @ packed bfloat16 w [ceil(N / 64), K, 64] -> y [M, N] float32 by VDPBF16PS
+// (above); a build without AVX512_BF16 refuses the call (`LmCpuGemmBF16Dot` says which it is).
+ffi::Error PackedDotBF16Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
+                             ffi::Result<ffi::AnyBuffer> y, int64_t threads) {
+#if defined(LM_GEMM_BF16_DOT)
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2 || xd[1] != wd[1] || wd[2] != kBlock ||
+      yd[0] != xd[0] || (yd[1] + kBlock - 1) / kBlock != wd[0] ||
+      (y->element_type() != ffi::DataType::F32 && y->element_type() != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument(
+        "lm_cpu_gemm_packed_bf16_dot: x must be [M, K] bfloat16, w [ceil(N / 64), K, 64] bfloat16, y [M, N] "
+        "float32 or bfloat16");
+  const int64_t m = xd[0], k = xd[1], n = yd[1], blocks = wd[0];
+  if (m == 0 || n == 0) return ffi::Error::Success();
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.typed_data());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
+  if (k == 0) {
+    std::memset(y->untyped_data(), 0, y->size_bytes());  // +0.0 in either dtype
+    return ffi::Error::Success();
+  }
+  // One unit a 64-column block, claimed dynamically (a slow thread's share is taken over); a
+  // software prefetch of the next block's weights into L2 measured no faster (1.01x).
+  auto run = [&](auto* yp) {
+    EachUnit(pool, threads, blocks, [=](int64_t c) {
+      const int cols = static_cast<int>(std::min<int64_t>(kBlock, n - c * kBlock));
+      for (int64_t r = 0; r < m; r += kDotRows)
+        DotTile(xp + r * k, k, wp + c * k * kBlock, k, yp + r * n + c * kBlock, n,
+                static_cast<int>(std::min<int64_t>(kDotRows, m - r)), cols);
+    });
+  };
+  if (y->element_type() == ffi::DataType::BF16)
+    run(static_cast<uint16_t*>(y->untyped_data()));
+  else
+    run(static_cast<float*>(y->untyped_data()));
+  return ffi::Error::Success();
+#else
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    "lm_cpu_gemm_packed_bf16_dot: this build has no AVX512_BF16 (LmCpuGemmBF16Dot() is 0)");
+#endif
+}
+
 // exp(x) in float32 within ~2 ulp, branch-free so that a loop of it vectorises (std::exp is a
 // scalar libm call: ~4M of them a float32 forward at rl_bench's shape). x = n ln2 + f with
 // |f| <= ln2 / 2 (ln2 in two parts), e^f by its degree-6 Taylor polynomial, 2^n in the exponent
@@ -620,30 +737,33 @@ constexpr int kAttRows = 4;   // query rows of a register tile
 constexpr int kAttKeys = 64;  // keys of a scores tile; the backward's key block
 constexpr int kAttBwdRows = 16;  // query rows per backward tile (the dK, dV updates sum over them)
 
-// a[r * lda + j] = sum_e x[r][e] * yt[e * ldy + j] for r < MR, j < kAttKeys (yt a [h, >= 64] panel).
-template <int MR>
+constexpr int kAttStep = 16;  // keys a forward's tile of query rows skips past its last key in
+
+// a[r * lda + j] = sum_e x[r][e] * yt[e * ldy + j] for r < MR, j < NK (yt a [h, >= NK] panel).
+template <int MR, int NK = kAttKeys>
 void ScoreTile(const float* const* x, const float* yt, int64_t ldy, int64_t h, float* a, int64_t lda) {
-  float acc[MR][kAttKeys] = {};
+  float acc[MR][NK] = {};
   for (int64_t e = 0; e < h; ++e) {
     const float* y = yt + e * ldy;
     for (int r = 0; r < MR; ++r) {
       const float xv = x[r][e];
 #pragma omp simd
-      for (int j = 0; j < kAttKeys; ++j) acc[r][j] += xv * y[j];
+      for (int j = 0; j < NK; ++j) acc[r][j] += xv * y[j];
     }
   }
   for (int r = 0; r < MR; ++r)
 #pragma omp simd
-    for (int j = 0; j < kAttKeys; ++j) a[r * lda + j] = acc[r][j];
+    for (int j = 0; j < NK; ++j) a[r * lda + j] = acc[r][j];
 }
 
+template <int NK = kAttKeys>
 void Scores(const float* const* x, int64_t m, const float* yt, int64_t ldy, int64_t h, float* a, int64_t lda) {
   for (int64_t r = 0; r < m; r += kAttRows) {
     switch (std::min<int64_t>(kAttRows, m - r)) {
-      case 4: ScoreTile<4>(x + r, yt, ldy, h, a + r * lda, lda); break;
-      case 3: ScoreTile<3>(x + r, yt, ldy, h, a + r * lda, lda); break;
-      case 2: ScoreTile<2>(x + r, yt, ldy, h, a + r * lda, lda); break;
-      default: ScoreTile<1>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      case 4: ScoreTile<4, NK>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      case 3: ScoreTile<3, NK>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      case 2: ScoreTile<2, NK>(x + r, yt, ldy, h, a + r * lda, lda); break;
+      default: ScoreTile<1, NK>(x + r, yt, ldy, h, a + r * lda, lda); break;
     }
   }
 }
@@ -698,6 +818,30 @@ void KeyPanel(const float* const* keys, int64_t j0, int64_t n, int64_t h, float*
     for (int64_t e = 0; e < h; ++e) panel[e * kAttKeys + j] = keys[j0 + j][e];
 }
 
+// row[j] = keep[j] ? row[j] * scale : kNegInf for j < n; returns their largest (-inf for n = 0).
+// (AVX-512: 16 keys a step with a byte mask; the plain loop did not vectorise, the bool select.)
+inline float MaskScale(float* row, const bool* keep, int64_t n, float scale) {
+  float top = -INFINITY;
+  int64_t j = 0;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  const __m512 masked = _mm512_set1_ps(kNegInf), times = _mm512_set1_ps(scale);
+  for (; j + 16 <= n; j += 16) {
+    const __mmask16 live = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keep + j)),
+                                              _mm_set1_epi8(-1));
+    const __m512 v = _mm512_mask_mul_ps(masked, live, _mm512_loadu_ps(row + j), times);
+    _mm512_storeu_ps(row + j, v);
+    best = _mm512_max_ps(best, v);
+  }
+  top = _mm512_reduce_max_ps(best);
+#endif
+  for (; j < n; ++j) {
+    row[j] = keep[j] ? row[j] * scale : kNegInf;
+    top = std::max(top, row[j]);
+  }
+  return top;
+}
+
 // One unit's shapes and the keys each query row may read.
 struct AttentionUnit {
   int64_t t, g, s, h, heads;  // queries T, group G, keys S, head dim H, kv heads K
@@ -748,19 +892,23 @@ void AttentionForwardRows(const float* const* qr, const float* const* keys, cons
   for (int64_t r0 = 0; r0 < rows; r0 += kAttRows) {
     const int64_t m = std::min<int64_t>(kAttRows, rows - r0);
     auto [a, z] = u.Range(r0, r0 + m);
-    const int64_t j0 = a / kAttKeys * kAttKeys, j1 = (z + kAttKeys - 1) / kAttKeys * kAttKeys;
-    for (int64_t j = j0; j < j1; j += kAttKeys) Scores(qr + r0, m, panel.data() + j, width, h, sc.data() + j, width);
+    // Keys [j0, j1): the tile's keys in steps of kAttStep (a causal prefill's early rows skip
+    // most of a 64-key block: 0.6x the products at 64 tokens), 64 at a time while they last.
+    const int64_t j0 = a / kAttStep * kAttStep, j1 = (z + kAttStep - 1) / kAttStep * kAttStep;
+    for (int64_t j = j0; j < j1;) {
+      if (j1 - j >= kAttKeys) {
+        Scores(qr + r0, m, panel.data() + j, width, h, sc.data() + j, width);
+        j += kAttKeys;
+      } else {
+        Scores<kAttStep>(qr + r0, m, panel.data() + j, width, h, sc.data() + j, width);
+        j += kAttStep;
+      }
+    }
     const int64_t live = std::min(j1, s);  // keys [live, j1) are past S: never read
     for (int64_t r = 0; r < m; ++r) {
       float* row = sc.data() + r * width;
       const bool* keep = u.mask + ((r0 + r) / u.g) * s;
-      const float scale = u.scale;
-      float top = -INFINITY;
-#pragma omp simd reduction(max : top)
-      for (int64_t j = j0; j < live; ++j) {
-        row[j] = keep[j] ? row[j] * scale : kNegInf;
-        top = std::max(top, row[j]);
-      }
+      const float top = MaskScale(row + j0, keep + j0, live - j0, u.scale);
       float total = 0.f;
 #pragma omp simd reduction(+ : total)
       for (int64_t j = j0; j < live; ++j) total += (row[j] = FastExp(row[j] - top));
@@ -1151,6 +1299,15 @@ ffi::Error AttentionBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, f
 // The packed layout's block width this build multiplies by (`lm/cpu_gemm.py` packs to it).
 extern "C" int64_t LmCpuGemmBlock() { return kBlock; }
 
+// Whether this build has the prefill's bfloat16 products by VDPBF16PS (`LmCpuGemmPackedBF16Dot`).
+extern "C" int64_t LmCpuGemmBF16Dot() {
+#if defined(LM_GEMM_BF16_DOT)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedF32, PackedGemmImpl<ffi::F32>,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
@@ -1165,6 +1322,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16, PackedGemmImpl<ffi::BF16>,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16Dot, PackedDotBF16Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("threads"));
 
 // The attention kernels' shared leading arguments: the pool, then q (float32), k and v (float32,

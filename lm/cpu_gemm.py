@@ -8,7 +8,9 @@ for 2..16 rows; the kernel reads a packed one (`pack`: blocks [ceil(N / B), K, B
 contiguous stream, B = 64 columns with AVX-512 and 16 with AVX2, `block()`) at the core's read
 bandwidth, on every core (docs in `lm/cpu_gemm.cc`). At
 prefill's hundreds of rows the same kernel is a blocked GEMM level with XLA's, so the sampler keeps
-one copy of its weights, packed, for both programs (`SamplerConfig.cpu_gemm_threads`).
+one copy of its weights, packed, for both programs (`SamplerConfig.cpu_gemm_threads`). A bfloat16
+prefill's products run a second kernel on the same packed blocks where the CPU has AVX512_BF16
+(`bf16_dot()`): its VDPBF16PS instruction multiplies bf16 pairs at twice float32's rate.
 
 The library is compiled for the machine it runs on (`-march=native`) at install time
 (`scripts/setup_env.sh` runs `python -m lm.cpu_gemm`) into `~/.cache/lm/` (or `$LM_KERNEL_DIR`),
@@ -46,6 +48,7 @@ _log = logging.getLogger(__name__)
 SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 TARGET = "lm_cpu_gemm_packed_f32"
 TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 weights
+TARGET_BF16_DOT = "lm_cpu_gemm_packed_bf16_dot"  # bf16 rows by VDPBF16PS (AVX512_BF16): a prefill's
 TARGET_ATTENTION = "lm_cpu_decode_attention"  # a decode step's attention over a float32 cache
 TARGET_ATTENTION_BF16 = "lm_cpu_decode_attention_bf16"  # the same over a bfloat16 cache
 TARGET_CACHE_WRITE = "lm_cpu_cache_write"  # a KV cache's write in place
@@ -55,6 +58,7 @@ TARGET_SEQUENCE_ATTENTION_BWD = "lm_cpu_attention_bwd"  # its gradient
 _SYMBOLS = {
   TARGET: "LmCpuGemmPackedF32",
   TARGET_BF16: "LmCpuGemmPackedBF16",
+  TARGET_BF16_DOT: "LmCpuGemmPackedBF16Dot",
   TARGET_ATTENTION: "LmCpuDecodeAttention",
   TARGET_ATTENTION_BF16: "LmCpuDecodeAttentionBF16",
   TARGET_CACHE_WRITE: "LmCpuCacheWrite",
@@ -63,11 +67,11 @@ _SYMBOLS = {
   TARGET_SEQUENCE_ATTENTION_BWD: "LmCpuAttentionBackward",
 }
 DTYPES = (jnp.float32, jnp.bfloat16)  # the weight dtypes the kernel packs
-# Above this many rows a bfloat16 product runs XLA's dot on the packed blocks, not the kernel: XLA
-# gives it to oneDNN, whose bf16 instructions (AVX512_BF16, AMX) outrun the kernel's widened
-# float32 products there ([M, 1024] x [1024, 3072], 2-core AVX-512/AMX Xeon, GFLOP/s kernel vs
-# XLA on the blocks: M 8: 76 vs 33, 16: 107 vs 71, 24: 132 vs 87, 32: 121 vs 132, 64: 122 vs 206,
-# 128: 118 vs 296; docs/results/2026-12-04-bf16-cpu.md).
+# Above this many rows a bfloat16 product of bfloat16 rows runs the library's VDPBF16PS kernel
+# where the build has it (`bf16_dot()`), else XLA's dot on the packed blocks: bf16 instructions
+# (AVX512_BF16, AMX) outrun the kernel's widened float32 products there ([M, 1024] x [1024, 3072],
+# 2-core AVX-512/AMX Xeon, GFLOP/s kernel vs XLA on the blocks: M 8: 76 vs 33, 16: 107 vs 71, 24:
+# 132 vs 87, 32: 121 vs 132, 64: 122 vs 206, 128: 118 vs 296; docs/results/2026-12-04-bf16-cpu.md).
 KERNEL_MAX_ROWS_BF16 = 24
 DEFAULT_BLOCK = 64  # columns per block where no library is loaded (a packed weight is then unpacked)
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # a masked score (lm.model's; finite: no NaN when all are)
@@ -140,6 +144,19 @@ def available() -> bool:
   return _loaded_block() is not None
 
 
+@functools.cache
+def bf16_dot() -> bool:
+  """Whether the loaded library multiplies bfloat16 rows by AVX512_BF16's VDPBF16PS (built so where
+  the CPU has it): then `matmul` runs a bfloat16 product of more than KERNEL_MAX_ROWS_BF16 rows (a
+  prefill's) there, on the packed blocks, rather than XLA's dot, and a packed bf16 weight needs no
+  row-major copy (`pack(rows=...)`)."""
+  if not available():
+    return False
+  library = ctypes.cdll.LoadLibrary(str(library_path()))
+  library.LmCpuGemmBF16Dot.restype = ctypes.c_int64
+  return bool(library.LmCpuGemmBF16Dot())
+
+
 def block() -> int:
   """Columns per block of this process's packed layout: the loaded library's, else DEFAULT_BLOCK."""
   return _loaded_block() or DEFAULT_BLOCK
@@ -158,6 +175,7 @@ def _loaded_block() -> int | None:
   register(TARGET_BF16, path, "bfloat16")
   library = ctypes.cdll.LoadLibrary(str(path))
   for target in (
+    TARGET_BF16_DOT,
     TARGET_ATTENTION,
     TARGET_ATTENTION_BF16,
     TARGET_CACHE_WRITE,
@@ -254,6 +272,18 @@ def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_eleme
 
   if not available():
     return dot(rows, w.blocks).astype(out_dtype).reshape(*lead, w.n)
+  if (
+    w.dtype == jnp.bfloat16
+    and rows.shape[0] > KERNEL_MAX_ROWS_BF16
+    and rows.dtype == jnp.bfloat16
+    and bf16_dot()
+  ):
+    # The kernel writes bfloat16 itself (rounded as the cast rounds) where that is the product's dtype.
+    y_dtype = out_dtype if out_dtype in DTYPES else jnp.dtype(jnp.float32)
+    kernel = lambda rows, blocks: call(TARGET_BF16_DOT, rows, blocks, threads, w.n, y_dtype)
+    default = lambda rows, blocks: dot(rows, blocks).astype(y_dtype)
+    out = jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=default)  # [M, N]
+    return out.astype(out_dtype).reshape(*lead, w.n)
   if w.dtype == jnp.bfloat16 and rows.shape[0] > KERNEL_MAX_ROWS_BF16:
     # XLA's dot, summed in float32: on the row-major copy where kept, else on the blocks as they
     # are ([M, K] x [NB, K, B] -> [M, NB, B]; XLA unpacks them first).
@@ -268,11 +298,12 @@ def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_eleme
   return out.astype(out_dtype).reshape(*lead, w.n)
 
 
-def call(target: str, rows: Array, blocks: Array, threads: int, n: int) -> Array:
-  """The FFI call itself: float32 rows [M, K] @ packed blocks [ceil(n / B), K, B] (float32 or
-  bfloat16, as `target`'s handler takes) -> [M, n] float32, by the handler registered as `target`
-  (B its library's block width)."""
-  out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
+def call(target: str, rows: Array, blocks: Array, threads: int, n: int, dtype: Any = jnp.float32) -> Array:
+  """The FFI call itself: rows [M, K] @ packed blocks [ceil(n / B), K, B] -> [M, n] of `dtype`, by
+  the handler registered as `target` (B its library's block width), with the dtypes it takes:
+  float32 rows and float32 or bfloat16 blocks to float32 (TARGET, TARGET_BF16), or bfloat16 rows
+  and blocks to float32 or bfloat16 (TARGET_BF16_DOT)."""
+  out = jax.ShapeDtypeStruct((rows.shape[0], n), dtype)
   return jax.ffi.ffi_call(target, out)(rows, blocks, threads=np.int64(threads))
 
 

@@ -94,8 +94,8 @@ class SamplerConfig:
     cpu_gemm_threads: on CPU (no mesh, no LoRA adapter, float32 or bfloat16), the weights are
       packed for `lm.cpu_gemm`'s kernel (where it is built: `cpu_gemm.available()`), which then
       computes the products of the prefill and the decode steps with this many threads (bfloat16
-      products of more than `cpu_gemm.KERNEL_MAX_ROWS_BF16` rows, a prefill's, run XLA's dot on
-      the packed weight instead: oneDNN's bf16 instructions are faster there): -1 as many as
+      products of more than `cpu_gemm.KERNEL_MAX_ROWS_BF16` rows, a prefill's, run the library's
+      VDPBF16PS kernel where the CPU has AVX512_BF16, else XLA's dot): -1 as many as
       XLA's intra-op pool has (every core), n at most n; 0 keeps XLA's dot on row-major weights.
       The attention runs the library's kernels with the same threads: the prefill's
       (`lm.model.sequence_attention`) and the decode steps' (`lm.model.decode_attention`, over
@@ -588,10 +588,14 @@ _cast_products = jax.jit(
   static_argnums=1,
 )
 # bfloat16 layer weights also keep their row-major copy, which a prefill's products read
-# (`cpu_gemm.pack(rows=True)`); a head product has a few rows only, the kernel's.
+# (`cpu_gemm.pack(rows=True)`), unless the library multiplies those on the packed blocks itself
+# (`cpu_gemm.bf16_dot()`: AVX512_BF16); a head product has a few rows only, the kernel's.
 _pack_layers = jax.jit(
   lambda layers: [
-    {k: cpu_gemm.pack(v, rows=True) if k in model_lib.FUSED_PRODUCTS else v for k, v in w.items()}
+    {
+      k: cpu_gemm.pack(v, rows=not cpu_gemm.bf16_dot()) if k in model_lib.FUSED_PRODUCTS else v
+      for k, v in w.items()
+    }
     for w in layers
   ]
 )

@@ -96,6 +96,9 @@ def test_the_paths_without_avx512_match_float64(tmp_path, name, flags, width):
   library = cpu_gemm.build(tmp_path, extra_flags=flags)
   assert cpu_gemm.register(target, library) == width
   assert cpu_gemm.register(f"{target}_bf16", library, "bfloat16") == width
+  no_dot = ctypes.cdll.LoadLibrary(str(library)).LmCpuGemmBF16Dot
+  no_dot.restype = ctypes.c_int64
+  assert no_dot() == 0  # no AVX-512 build has the VDPBF16PS products (they refuse the call)
   for rows in (1, 4, 5, 8, 13, 16, 129):
     for k, n in SHAPES:
       for threads in (1, 2):
@@ -139,16 +142,30 @@ def test_batched_rows_keep_their_shape_and_plain_weights_use_xla():
     cpu_gemm.matmul(bf16, cpu_gemm.pack(w))
 
 
+def _calls(lowered: str, target: str) -> bool:
+  """Whether a lowered program calls the FFI target by that exact name (one name prefixes another)."""
+  return f"@{target}(" in lowered
+
+
 def test_bf16_products_keep_jnp_dtypes_and_choose_the_kernel_by_rows():
   # A bf16 x packed-bf16 product is bf16 (float32 when asked), like jnp.matmul; up to
-  # KERNEL_MAX_ROWS_BF16 rows it is the kernel, above them XLA's dot on the blocks, and both equal
-  # the float32-summed product rounded once (the model's own `lm.model.matmul`) to a bf16 step.
+  # KERNEL_MAX_ROWS_BF16 rows it is the kernel, above them the VDPBF16PS kernel where the build has
+  # it (else XLA's dot on the blocks), and each equals the float32-summed product rounded once (the
+  # model's own `lm.model.matmul`) to a bf16 step.
   w = jax.random.normal(jax.random.key(1), (96, 200)).astype(jnp.bfloat16)
   packed = cpu_gemm.pack(w)
-  for rows, kernel in ((cpu_gemm.KERNEL_MAX_ROWS_BF16, True), (cpu_gemm.KERNEL_MAX_ROWS_BF16 + 1, False)):
+  above = cpu_gemm.TARGET_BF16_DOT if cpu_gemm.bf16_dot() else None
+  for rows, target in (
+    (cpu_gemm.KERNEL_MAX_ROWS_BF16, cpu_gemm.TARGET_BF16),
+    (cpu_gemm.KERNEL_MAX_ROWS_BF16 + 1, above),
+  ):
     x = jax.random.normal(jax.random.key(rows), (rows, 96)).astype(jnp.bfloat16)
     lowered = jax.jit(cpu_gemm.matmul).lower(x, packed).as_text()
-    assert (cpu_gemm.TARGET_BF16 in lowered) == kernel, rows
+    for name in (cpu_gemm.TARGET_BF16, cpu_gemm.TARGET_BF16_DOT):
+      assert _calls(lowered, name) == (name == target), (rows, name)
+    # float32 rows against a bf16 weight never go to the VDPBF16PS kernel (it would round them)
+    wide_rows = jax.jit(cpu_gemm.matmul).lower(x.astype(jnp.float32), packed).as_text()
+    assert not _calls(wide_rows, cpu_gemm.TARGET_BF16_DOT)
     got = jax.jit(cpu_gemm.matmul)(x, packed)
     assert got.dtype == jnp.bfloat16
     want = jnp.matmul(x, w, preferred_element_type=jnp.float32)
@@ -156,6 +173,55 @@ def test_bf16_products_keep_jnp_dtypes_and_choose_the_kernel_by_rows():
     wide = cpu_gemm.matmul(x, packed, preferred_element_type=jnp.float32)
     assert wide.dtype == jnp.float32
     np.testing.assert_allclose(wide, want, rtol=1e-5, atol=1e-5)
+
+
+_BF16_DOT = pytest.mark.skipif(not cpu_gemm.bf16_dot(), reason="this CPU (or build) has no AVX512_BF16")
+
+
+@_BF16_DOT
+@pytest.mark.parametrize("threads", [1, 2, -1])
+def test_the_bf16_dot_kernel_matches_float64_and_rounds_as_a_cast(threads):
+  # bf16 rows x packed bf16 weight by VDPBF16PS: float32 sums of exact bf16 products, so within
+  # float32 round-off of the float64 product of the same values. Rows not a multiple of the 6-row
+  # tile, columns not of the 64-column block, odd K (the last k paired with zeros), K = 1.
+  rng = np.random.default_rng(threads + 10)
+  worst = 0.0
+  for rows in (25, 31, 64, 129, 256):
+    for k, n in ((64, 1024), (1000, 4149), (3, 130), (1, 33), (37, 64), (600, 40), (255, 200)):
+      x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
+      w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
+      want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+      blocks = cpu_gemm.pack(w).blocks
+      got = np.asarray(cpu_gemm.call(cpu_gemm.TARGET_BF16_DOT, x, blocks, threads, n))
+      assert got.shape == want.shape and got.dtype == np.float32
+      worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+      # its bfloat16 output is its float32 output rounded as a cast rounds (to nearest even)
+      short = cpu_gemm.call(cpu_gemm.TARGET_BF16_DOT, x, blocks, threads, n, jnp.bfloat16)
+      assert short.dtype == jnp.bfloat16
+      np.testing.assert_array_equal(np.asarray(short), np.asarray(jnp.asarray(got).astype(jnp.bfloat16)))
+  # float32 round-off over K <= 1000 terms; a wrong pairing, column order or row would be O(1)
+  assert worst < 1e-5, worst
+  # control: the same check sees a product with one k-pair's halves swapped (w's rows 0 and 1)
+  x = jnp.asarray(rng.standard_normal((30, 64)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((64, 70)), jnp.bfloat16)
+  swapped = np.asarray(
+    cpu_gemm.call(
+      cpu_gemm.TARGET_BF16_DOT, x, cpu_gemm.pack(w[jnp.array([1, 0, *range(2, 64)])]).blocks, 1, 70
+    )
+  )
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert np.abs(swapped - want).max() / np.abs(want).max() > 1e-2
+
+
+@_BF16_DOT
+def test_a_bf16_sampler_needs_no_row_major_copy_with_the_bf16_dot_kernel():
+  # The prefill's products read the packed blocks themselves: no second bf16 copy of each weight.
+  model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
+  sampler = sampler_lib.Sampler(model)
+  packed = [
+    w for layer in sampler._layer_weights for w in layer.values() if isinstance(w, cpu_gemm.PackedWeight)
+  ]
+  assert packed and all(w.matrix is None and w.dtype == jnp.bfloat16 for w in packed)
 
 
 def test_a_failed_build_names_the_source_and_the_compiler_output(tmp_path, monkeypatch):
