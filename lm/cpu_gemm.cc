@@ -1137,23 +1137,32 @@ struct AttentionBlock {
                                            // cache slots, keys attended (mask's last axis), first slot
   float scale, eps;
   bool norm, bias;
-  const float* qkv;  // [B, T, (N + 2K) * H]
+  const void* qkv;  // [B, T, (N + 2K) * H], float32 or (qkv_bf16) bfloat16
+  bool qkv_bf16;
   std::vector<float> bias_v, q_norm, k_norm, cos, sin;  // [N + 2K, H], [H], [H], [B, T, H], [B, T, H]
   const bool* mask;  // [B, T, M]
-  float* out;        // [B, T, N * H]
+  void* out;         // [B, T, N * H], float32 or (out_bf16) bfloat16
+  bool out_bf16;
 
   // Head `head` (0 .. N + 2K) of row r's token i as the model's compute dtype (bfloat16: B) has it:
   // the product's output rounded, plus the bias, rounded.
   template <bool B>
   void Head(int64_t r, int64_t i, int64_t head, float* x) const {
-    const float* src = qkv + ((r * t + i) * heads * (g + 2) + head) * h;
+    const int64_t at = ((r * t + i) * heads * (g + 2) + head) * h;
+    if (qkv_bf16)
+      HeadFrom<B>(static_cast<const uint16_t*>(qkv) + at, head, x);
+    else
+      HeadFrom<B>(static_cast<const float*>(qkv) + at, head, x);
+  }
+  template <bool B, typename S>
+  void HeadFrom(const S* src, int64_t head, float* x) const {
     if (bias) {
       const float* add = bias_v.data() + head * h;
 #pragma omp simd
-      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(RoundTo<B>(src[e]) + add[e]);
+      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(RoundTo<B>(widen(src[e])) + add[e]);
     } else {
 #pragma omp simd
-      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(src[e]);
+      for (int64_t e = 0; e < h; ++e) x[e] = RoundTo<B>(widen(src[e]));
     }
   }
 
@@ -1206,8 +1215,13 @@ void AttentionBlockUnit(const AttentionBlock& p, int64_t i, T* kc, T* vc) {
       p.NormRope<B>(r, j, p.q_norm.data(), qa, tmp.data());
     }
   }
-  // The output straight into `out` (token j's G heads: g * h contiguous values), then rounded there.
-  auto dst = [&](int64_t j) { return p.out + ((r * t + j) * n + kh * g) * h; };
+  // The output straight into a float32 `out` (token j's G heads: g * h contiguous values), then
+  // rounded there; for a bfloat16 `out` into a scratch, then rounded into it.
+  std::vector<float> scratch(p.out_bf16 ? t * g * h : 0);
+  auto at = [&](int64_t j) { return ((r * t + j) * n + kh * g) * h; };
+  auto dst = [&](int64_t j) {
+    return p.out_bf16 ? scratch.data() + j * g * h : static_cast<float*>(p.out) + at(j);
+  };
   if (t == 1) {
     std::vector<float> scores(g * p.m);
     DecodeHeadFor<T>(h)(q.data(), kc + i * p.s * h, vc + i * p.s * h, p.mask + r * p.m, dst(0), g, p.m, h,
@@ -1221,7 +1235,14 @@ void AttentionBlockUnit(const AttentionBlock& p, int64_t i, T* kc, T* vc) {
     for (int64_t j = 0; j < t; ++j) kr[j] = keys.data() + j * h, vr[j] = values.data() + j * h;
     AttentionForwardRows(qr.data(), kr.data(), vr.data(), outr.data(), nullptr, 0, u);
   }
-  if (B) {
+  if (p.out_bf16) {
+    for (int64_t j = 0; j < t; ++j) {
+      const float* o = dst(j);
+      uint16_t* to = static_cast<uint16_t*>(p.out) + at(j);
+#pragma omp simd
+      for (int64_t e = 0; e < g * h; ++e) StoreAs(o[e], to + e);
+    }
+  } else if (B) {
     for (int64_t j = 0; j < t; ++j) {
       float* o = dst(j);
 #pragma omp simd
@@ -1230,17 +1251,18 @@ void AttentionBlockUnit(const AttentionBlock& p, int64_t i, T* kc, T* vc) {
   }
 }
 
-// qkv [B, T, (N + 2K) * H] float32 (the fused product's output), bias [N + 2K, H], q_norm and
+// qkv [B, T, (N + 2K) * H] float32 or bfloat16 (the fused product's output; a bf16 prefill's product
+// writes bf16, rounded as this kernel would round it, and half the bytes read here), bias [N + 2K, H], q_norm and
 // k_norm [H] (either may be empty without `bias` / `norm`), cos and sin [B, T, H] (the model's
 // compute dtype: float32 or bfloat16; sin unsigned, rotate-half's sign applied here), the caches k
 // and v [B, K, S, H] (float32 or bfloat16, both alike), index (the first slot written, clamped as
-// XLA's dynamic-update-slice), mask [B, T, M] -> out [B, T, N * H] float32 (values of the compute
-// dtype), and the caches with the new keys and values (aliasing k and v's buffers). T = 1: a decode
+// XLA's dynamic-update-slice), mask [B, T, M] -> out [B, T, N * H] float32 or bfloat16 (values of
+// the compute dtype; a bf16 prefill's output projection reads bf16 rows), and the caches with the new keys and values (aliasing k and v's buffers). T = 1: a decode
 // step, attending the first M <= S slots; T > 1: a prefill (index 0, M = T), attending its own keys.
-ffi::Error AttentionBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::AnyBuffer bias,
+ffi::Error AttentionBlockImpl(ffi::ThreadPool pool, ffi::AnyBuffer qkv, ffi::AnyBuffer bias,
                               ffi::AnyBuffer q_norm, ffi::AnyBuffer k_norm, ffi::AnyBuffer cos, ffi::AnyBuffer sin,
                               ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> index,
-                              ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out,
+                              ffi::Buffer<ffi::PRED> mask, ffi::Result<ffi::AnyBuffer> out,
                               ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, float scale,
                               float eps, bool bf16, bool norm, bool has_bias, int64_t threads) {
   const auto xd = qkv.dimensions(), kd = k.dimensions(), md = mask.dimensions(), od = out->dimensions();
@@ -1248,11 +1270,14 @@ ffi::Error AttentionBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, f
   const bool cache_ok = (cache_type == ffi::DataType::F32 || cache_type == ffi::DataType::BF16) &&
                         v.element_type() == cache_type && k_out->element_type() == cache_type &&
                         v_out->element_type() == cache_type;
+  const auto floats = [](ffi::DataType d) { return d == ffi::DataType::F32 || d == ffi::DataType::BF16; };
   if (xd.size() != 3 || kd.size() != 4 || md.size() != 3 || od.size() != 3 || !cache_ok ||
-      v.dimensions().size() != 4 || index.element_count() != 1)
+      v.dimensions().size() != 4 || index.element_count() != 1 || !floats(qkv.element_type()) ||
+      !floats(out->element_type()))
     return ffi::Error::InvalidArgument(
-        "lm_cpu_attention_block: qkv must be [B, T, (N + 2K) * H] float32, k and v [B, K, S, H] caches of "
-        "one dtype (float32 or bfloat16), mask [B, T, M], index a scalar, out [B, T, N * H]");
+        "lm_cpu_attention_block: qkv must be [B, T, (N + 2K) * H] float32 or bfloat16, k and v [B, K, S, H] "
+        "caches of one dtype (float32 or bfloat16), mask [B, T, M], index a scalar, out [B, T, N * H] float32 "
+        "or bfloat16");
   const int64_t b = kd[0], heads = kd[1], s = kd[2], h = kd[3], t = xd[1], m = md[2];
   const int64_t n = od[2] / std::max<int64_t>(h, 1);
   for (int a = 0; a < 4; ++a)
@@ -1274,8 +1299,9 @@ ffi::Error AttentionBlockImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, f
         "lm_cpu_attention_block: several tokens a row only as a prefill (index 0, mask [B, T, T])");
   // (shared with the units: a pool task that starts after the last unit finds it alive)
   auto p = std::make_shared<const AttentionBlock>(AttentionBlock{
-      b, t, heads, n / heads, h, s, m, start, scale, eps, norm, has_bias, qkv.typed_data(), Widened(bias),
-      Widened(q_norm), Widened(k_norm), Widened(cos), Widened(sin), mask.typed_data(), out->typed_data()});
+      b, t, heads, n / heads, h, s, m, start, scale, eps, norm, has_bias, qkv.untyped_data(),
+      qkv.element_type() == ffi::DataType::BF16, Widened(bias), Widened(q_norm), Widened(k_norm), Widened(cos),
+      Widened(sin), mask.typed_data(), out->untyped_data(), out->element_type() == ffi::DataType::BF16});
   char* kc = static_cast<char*>(k_out->untyped_data());
   char* vc = static_cast<char*>(v_out->untyped_data());
   if (kc != k.untyped_data()) std::memcpy(kc, k.untyped_data(), k.size_bytes());
@@ -1367,7 +1393,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuCacheWrite, CacheWriteImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttentionBlock, AttentionBlockImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -1377,7 +1403,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuAttentionBlock, AttentionBlockImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("scale")

@@ -366,10 +366,12 @@ def attention_block(
   eps: float,
   dtype: Any,
   threads: int = -1,
+  out_dtype: Any = jnp.float32,
 ) -> tuple[Array, Array, Array]:
   """A layer's attention block by the library's kernel (`lm/cpu_gemm.cc` AttentionBlockImpl): from
-  the fused QKV product's float32 output qkv [B, T, (N + 2K)·H] to the attention's output
-  [B, T, N·H] float32 (values of `dtype`), and the caches k, v [B, K, S, H] (float32 or bfloat16)
+  the fused QKV product's output qkv [B, T, (N + 2K)·H] (float32, or bfloat16 where `dtype` is: the
+  values the kernel would round it to) to the attention's output [B, T, N·H] of `out_dtype` (float32
+  or bfloat16; values of `dtype`), and the caches k, v [B, K, S, H] (float32 or bfloat16)
   with the T new keys and values from slot `index` (written in place: the call aliases them).
 
   What `lm.model.decoder_layer` computes there in `dtype` (float32 or bfloat16), each op's result
@@ -394,14 +396,18 @@ def attention_block(
       " and q_norm and k_norm both given or neither"
     )
   empty = jnp.zeros((0,), dtype)
+  if jnp.dtype(out_dtype) not in DTYPES or qkv.dtype not in DTYPES:
+    raise ValueError(
+      f"attention_block: qkv {qkv.dtype} and out_dtype {out_dtype} must be float32 or bfloat16"
+    )
   shapes = (
-    jax.ShapeDtypeStruct((b, t, n * h), jnp.float32),
+    jax.ShapeDtypeStruct((b, t, n * h), out_dtype),
     jax.ShapeDtypeStruct(k.shape, k.dtype),
     jax.ShapeDtypeStruct(v.shape, v.dtype),
   )
   call = jax.ffi.ffi_call(TARGET_ATTENTION_BLOCK, shapes, input_output_aliases={6: 1, 7: 2})
   return call(
-    qkv.astype(jnp.float32),
+    qkv,
     empty if bias is None else bias.astype(dtype),
     empty if q_norm is None else q_norm.astype(dtype),
     empty if k_norm is None else k_norm.astype(dtype),

@@ -986,7 +986,12 @@ def _attention_block(
   (docs/results/2026-12-05-decode-block.md), and ~125 ms of a 1.24 s float32 prefill of 4 × 64
   tokens, where it computed the keys' transposes twice (docs/results/2026-12-05-prefill-block.md)."""
   b, t = h.shape[:2]
-  qkv = matmul(h, w["qkv_dx"].astype(dtype), preferred_element_type=jnp.float32)  # [B, T, (N + 2K)·H]
+  # A bf16 prefill's product writes bf16 (the values the kernel rounds it to: half the bytes it
+  # reads) and takes the attention's output as bf16 rows; a decode step's stay float32 (the decode
+  # kernel's products read and write float32).
+  wide = t == 1 or jnp.dtype(dtype) == jnp.float32
+  inner = jnp.float32 if wide else dtype
+  qkv = matmul(h, w["qkv_dx"].astype(dtype), preferred_element_type=inner)  # [B, T, (N + 2K)·H]
   bias = None
   if config.qkv_bias:
     bias = jnp.concatenate([w["q_bias_nh"], w["k_bias_kh"], w["v_bias_kh"]], axis=0)  # [N + 2K, H]
@@ -1004,6 +1009,7 @@ def _attention_block(
     eps=config.rms_norm_eps,
     dtype=dtype,
     threads=_cpu_attention_threads(),
+    out_dtype=inner,
   )
   return (attn if t == 1 else attn.astype(dtype)), {**kv, "k": k, "v": v}
 

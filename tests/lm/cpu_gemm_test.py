@@ -475,6 +475,50 @@ def test_the_attention_block_kernel_matches_the_prefill_it_replaces(
   assert np.abs(f32(got) - f32(want)).max() <= (1e-5 if dtype == "float32" else 2e-2) * scale
 
 
+@pytest.mark.parametrize("t", [1, 5])
+def test_the_attention_block_reads_and_writes_bf16_as_it_rounds(t):
+  # A bf16 prefill hands the block a bf16 qkv (the product rounded) and takes a bf16 output: the
+  # same values, to the bit, as a float32 qkv holding them and a float32 output cast (a decode step
+  # too, t = 1); and the cache the same.
+  rng = np.random.default_rng(3)
+  b, kv_heads, g, h, s = 2, 2, 2, 16, 8
+  n = kv_heads * g
+  qkv = jnp.asarray(rng.standard_normal((b, t, (n + 2 * kv_heads) * h)), jnp.bfloat16)
+  k, v = (jnp.asarray(rng.standard_normal((b, kv_heads, s, h)), jnp.bfloat16) for _ in range(2))
+  mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0) if t > 1 else jnp.ones((b, 1, s), bool)
+  angles = rng.standard_normal((b, t, h))
+  cos, sin = jnp.asarray(np.cos(angles), jnp.bfloat16), jnp.asarray(np.sin(angles), jnp.bfloat16)
+  norm = jnp.asarray(1 + 0.1 * rng.standard_normal(h), jnp.bfloat16)
+  index = 0 if t > 1 else 3
+
+  def block(qkv, out_dtype):
+    return cpu_gemm.attention_block(
+      qkv,
+      k,
+      v,
+      index,
+      mask,
+      cos,
+      sin,
+      q_norm=norm,
+      k_norm=norm,
+      bias=None,
+      eps=1e-6,
+      dtype=jnp.bfloat16,
+      out_dtype=out_dtype,
+    )
+
+  short = jax.jit(block, static_argnums=1)(qkv, jnp.bfloat16)
+  wide = jax.jit(block, static_argnums=1)(qkv.astype(jnp.float32), jnp.float32)
+  assert short[0].dtype == jnp.bfloat16 and wide[0].dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(short[0]), np.asarray(wide[0].astype(jnp.bfloat16)))
+  assert np.array_equal(np.asarray(wide[0]), np.asarray(wide[0].astype(jnp.bfloat16).astype(jnp.float32)))
+  for a, c in zip(short[1:], wide[1:]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+  with pytest.raises(ValueError, match="out_dtype"):
+    block(qkv, jnp.float16)
+
+
 def test_the_attention_block_kernel_rejects_what_it_cannot_run():
   assert cpu_gemm.available()
   rng = np.random.default_rng(0)
