@@ -49,6 +49,7 @@ SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 TARGET = "lm_cpu_gemm_packed_f32"
 TARGET_BF16 = "lm_cpu_gemm_packed_bf16"  # the same product against bfloat16 weights
 TARGET_BF16_DOT = "lm_cpu_gemm_packed_bf16_dot"  # bf16 rows by VDPBF16PS (AVX512_BF16): a prefill's
+TARGET_SWIGLU_BF16 = "lm_cpu_swiglu_bf16"  # the same for a gate/up weight, SiLU and the gating after it
 TARGET_ATTENTION = "lm_cpu_decode_attention"  # a decode step's attention over a float32 cache
 TARGET_ATTENTION_BF16 = "lm_cpu_decode_attention_bf16"  # the same over a bfloat16 cache
 TARGET_CACHE_WRITE = "lm_cpu_cache_write"  # a KV cache's write in place
@@ -59,6 +60,7 @@ _SYMBOLS = {
   TARGET: "LmCpuGemmPackedF32",
   TARGET_BF16: "LmCpuGemmPackedBF16",
   TARGET_BF16_DOT: "LmCpuGemmPackedBF16Dot",
+  TARGET_SWIGLU_BF16: "LmCpuSwiGLUBF16",
   TARGET_ATTENTION: "LmCpuDecodeAttention",
   TARGET_ATTENTION_BF16: "LmCpuDecodeAttentionBF16",
   TARGET_CACHE_WRITE: "LmCpuCacheWrite",
@@ -176,6 +178,7 @@ def _loaded_block() -> int | None:
   library = ctypes.cdll.LoadLibrary(str(path))
   for target in (
     TARGET_BF16_DOT,
+    TARGET_SWIGLU_BF16,
     TARGET_ATTENTION,
     TARGET_ATTENTION_BF16,
     TARGET_CACHE_WRITE,
@@ -296,6 +299,47 @@ def matmul(x: Array, w: Array | PackedWeight, threads: int = -1, preferred_eleme
   kernel = lambda rows, blocks: call(target, rows.astype(jnp.float32), blocks, threads, w.n)
   out = jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=dot)  # [M, N] float32
   return out.astype(out_dtype).reshape(*lead, w.n)
+
+
+def swiglu_applies(x: Array, w: Array | PackedWeight) -> bool:
+  """Whether `swiglu` runs the library's kernel for rows x [..., K] and a gate/up weight w [K, 2F]:
+  a packed bf16 w with F a multiple of its block, bf16 rows, more than KERNEL_MAX_ROWS_BF16 of them
+  (a prefill's; a decode step's few rows stream the weight with the kernel's widened products), and
+  a build with the VDPBF16PS products (`bf16_dot()`)."""
+  rows = int(np.prod(x.shape[:-1]))
+  return (
+    isinstance(w, PackedWeight)
+    and w.dtype == jnp.bfloat16
+    and x.dtype == jnp.bfloat16
+    and rows > KERNEL_MAX_ROWS_BF16
+    and w.n % (2 * w.blocks.shape[2]) == 0
+    and bf16_dot()
+  )
+
+
+def swiglu(x: Array, w: PackedWeight, threads: int = -1) -> Array:
+  """silu(x @ w[:, :F]) * (x @ w[:, F:]) in float32, rounded once to bfloat16 -> [..., F]: a SwiGLU
+  MLP's hidden state from its fused gate/up weight (`lm.model.fuse_projections`' "gate_up_dx"), by
+  the library's kernel where `swiglu_applies` (call only there): the float32 [..., 2F] product is
+  never written (`lm/cpu_gemm.cc` PackedSwiGLUBF16Impl). Traced for another platform, the products
+  and the gating in XLA's ops."""
+  if not swiglu_applies(x, w):
+    raise ValueError(f"swiglu: the kernel does not apply to rows {x.dtype} {x.shape} and this weight")
+  lead, k, f = x.shape[:-1], x.shape[-1], w.n // 2
+  rows = x.reshape(-1, k)
+
+  def kernel(rows, blocks):
+    out = jax.ShapeDtypeStruct((rows.shape[0], f), jnp.bfloat16)
+    return jax.ffi.ffi_call(TARGET_SWIGLU_BF16, out)(rows, blocks, threads=np.int64(threads))
+
+  def default(rows, blocks):
+    gate_up = jnp.matmul(
+      rows, dataclasses.replace(w, blocks=blocks).unpack(), preferred_element_type=jnp.float32
+    )
+    gate, up = jnp.split(gate_up, 2, axis=-1)
+    return (jax.nn.silu(gate) * up).astype(jnp.bfloat16)
+
+  return jax.lax.platform_dependent(rows, w.blocks, cpu=kernel, default=default).reshape(*lead, f)
 
 
 def call(target: str, rows: Array, blocks: Array, threads: int, n: int, dtype: Any = jnp.float32) -> Array:

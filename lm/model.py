@@ -928,9 +928,15 @@ def _layer_output(
   # Elsewhere (None) the products' results are bf16, as before.
   wide = jnp.float32 if _cpu_bf16(h, h) else None
   if "gate_up_dx" in w:
-    gate_up = matmul(h, w["gate_up_dx"].astype(dtype), preferred_element_type=wide)
-    gate, up = jnp.split(gate_up, 2, axis=-1)  # [B, T, F] each
-    x = x + matmul((jax.nn.silu(gate) * up).astype(dtype), w["down_fd"].astype(dtype))
+    gate_up_w = w["gate_up_dx"].astype(dtype)
+    if _cpu_attention_threads() != 0 and cpu_gemm.swiglu_applies(h, gate_up_w):
+      # A bf16 prefill with the library's kernels: the products and the gating in one call.
+      hidden = cpu_gemm.swiglu(h, gate_up_w, threads=_cpu_attention_threads())  # [B, T, F]
+    else:
+      gate_up = matmul(h, gate_up_w, preferred_element_type=wide)
+      gate, up = jnp.split(gate_up, 2, axis=-1)  # [B, T, F] each
+      hidden = (jax.nn.silu(gate) * up).astype(dtype)
+    x = x + matmul(hidden, w["down_fd"].astype(dtype))
   else:
     gate = project("btd,df->btf", h, w, "gate_df", dtype, wide)
     up = project("btd,df->btf", h, w, "up_df", dtype, wide)

@@ -214,6 +214,70 @@ def test_the_bf16_dot_kernel_matches_float64_and_rounds_as_a_cast(threads):
 
 
 @_BF16_DOT
+@pytest.mark.parametrize("threads", [1, 2, -1])
+def test_the_swiglu_kernel_matches_the_gated_products(threads):
+  # silu(x @ gate) * (x @ up) summed and gated in float32, rounded once to bf16, as the model's MLP
+  # does on XLA:CPU: equal to that to the bit but for a rare one-step rounding (another sum order,
+  # another exp); rows not a multiple of the 6-row tile, odd K.
+  rng = np.random.default_rng(threads + 20)
+  for rows, k, f in ((25, 64, 64), (31, 33, 128), (129, 255, 192), (256, 1024, 3072)):
+    x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
+    w = jnp.asarray(3 * rng.standard_normal((k, 2 * f)) / np.sqrt(k), jnp.bfloat16)  # gates of both signs
+    packed = cpu_gemm.pack(w)
+    assert cpu_gemm.swiglu_applies(x, packed)
+    got = np.asarray(jax.jit(cpu_gemm.swiglu, static_argnums=2)(x, packed, threads), np.float32)
+    gate, up = jnp.split(jnp.matmul(x, w, preferred_element_type=jnp.float32), 2, axis=-1)
+    want = np.asarray((jax.nn.silu(gate) * up).astype(jnp.bfloat16), np.float32)
+    assert got.shape == (rows, f) and np.mean(got == want) > 0.999, np.mean(got == want)
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=1e-6 * np.abs(want).max())
+  # control: gate and up swapped (the halves of the weight) fail the same check
+  swapped = cpu_gemm.pack(jnp.concatenate(jnp.split(w, 2, axis=1)[::-1], axis=1))
+  assert np.mean(np.asarray(cpu_gemm.swiglu(x, swapped, threads), np.float32) == want) < 0.5
+  # where the kernel does not apply: few rows, float32 rows, a row-major weight, F not of 64 columns
+  narrow = cpu_gemm.pack(jnp.ones((64, 2 * 96), jnp.bfloat16))
+  assert not cpu_gemm.swiglu_applies(x[: cpu_gemm.KERNEL_MAX_ROWS_BF16], packed)
+  assert not cpu_gemm.swiglu_applies(x.astype(jnp.float32), packed)
+  assert not cpu_gemm.swiglu_applies(x, w)
+  assert not cpu_gemm.swiglu_applies(jnp.ones((30, 64), jnp.bfloat16), narrow)
+  with pytest.raises(ValueError, match="does not apply"):
+    cpu_gemm.swiglu(jnp.ones((30, 64), jnp.bfloat16), narrow)
+
+
+@_BF16_DOT
+def test_a_bf16_prefill_layer_runs_the_bf16_kernels_and_matches_xla():
+  # A bf16 prefill's layer on packed weights (the sampler's): the QKV, output and down products by
+  # the VDPBF16PS kernel, the gate/up product and its gating by the SwiGLU kernel; against the same
+  # layer in XLA's ops (the weights row-major, the kernels off).
+  from lm import model as model_lib
+
+  config = ModelConfig.tiny_qwen3()
+  w, _, _, _, _, _ = _decode_block_case(config, "bfloat16", "bfloat16")
+  packed = {k: cpu_gemm.pack(v) if k in model_lib.FUSED_PRODUCTS else v for k, v in w.items()}
+  rng = np.random.default_rng(2)
+  b, t, h = 3, 16, config.head_dim
+  x = jnp.asarray(rng.standard_normal((b, t, config.hidden_size)), jnp.bfloat16)
+  kv = {name: jnp.zeros((b, config.num_kv_heads, t + 3, h), jnp.bfloat16) for name in ("k", "v")}
+  key_mask = jnp.asarray(np.arange(t + 3)[None] < t).repeat(b, 0)
+  positions = model_lib.default_positions(key_mask)[:, :t]
+
+  def layer(x, kv, on):
+    weights, matmul = (packed, cpu_gemm.matmul) if on else (w, model_lib.matmul)
+    with model_lib.cpu_attention(-1 if on else 0):
+      rotary = model_lib.rope_table(positions, h, config.rope_theta, jnp.bfloat16)
+      mask = model_lib._attention_mask(key_mask[:, :t], t, 0)
+      return model_lib.decoder_layer(config, weights, x, rotary, mask, kv, 0, jnp.bfloat16, matmul=matmul)
+
+  text = jax.jit(layer, static_argnums=2).lower(x, kv, True).as_text()
+  assert _calls(text, cpu_gemm.TARGET_SWIGLU_BF16) and _calls(text, cpu_gemm.TARGET_BF16_DOT)
+  assert _calls(text, cpu_gemm.TARGET_ATTENTION_BLOCK)
+  (got, got_kv), (want, want_kv) = (jax.jit(layer, static_argnums=2)(x, kv, on) for on in (True, False))
+  f32 = lambda a: np.asarray(a, np.float32)
+  assert got.dtype == want.dtype == jnp.bfloat16
+  assert np.abs(f32(got) - f32(want)).max() <= 2e-2 * np.abs(f32(want)).max()
+  np.testing.assert_allclose(f32(got_kv["k"]), f32(want_kv["k"]), rtol=1e-2, atol=1e-2)
+
+
+@_BF16_DOT
 def test_a_bf16_sampler_needs_no_row_major_copy_with_the_bf16_dot_kernel():
   # The prefill's products read the packed blocks themselves: no second bf16 copy of each weight.
   model = Qwen(ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
@@ -513,7 +577,7 @@ def test_the_attention_block_reads_and_writes_bf16_as_it_rounds(t):
   assert short[0].dtype == jnp.bfloat16 and wide[0].dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(short[0]), np.asarray(wide[0].astype(jnp.bfloat16)))
   assert np.array_equal(np.asarray(wide[0]), np.asarray(wide[0].astype(jnp.bfloat16).astype(jnp.float32)))
-  for a, c in zip(short[1:], wide[1:]):
+  for a, c in zip(short[1:], wide[1:], strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
   with pytest.raises(ValueError, match="out_dtype"):
     block(qkv, jnp.float16)
