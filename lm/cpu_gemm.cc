@@ -33,6 +33,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -442,6 +443,22 @@ inline void DotTile(const uint16_t* x, int64_t ldx, const uint16_t* block, int64
 }
 #endif
 
+// run(y's data) as float* or, for a bfloat16 y, uint16_t* (the bf16 kernels' outputs).
+template <typename Run>
+ffi::Error WithOutput(ffi::Result<ffi::AnyBuffer>& y, Run run) {
+  if (y->element_type() == ffi::DataType::BF16)
+    run(static_cast<uint16_t*>(y->untyped_data()));
+  else
+    run(static_cast<float*>(y->untyped_data()));
+  return ffi::Error::Success();
+}
+
+// What a bf16 kernel's handler answers in a build without AVX512_BF16.
+inline ffi::Error NoBF16Dot(const char* target) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    std::string(target) + ": this build has no AVX512_BF16 (LmCpuGemmBF16Dot() is 0)");
+}
+
 // bfloat16 x [M, K] @ packed bfloat16 w [ceil(N / 64), K, 64] -> y [M, N] float32 by VDPBF16PS
 // (above); a build without AVX512_BF16 refuses the call (`LmCpuGemmBF16Dot` says which it is).
 ffi::Error PackedDotBF16Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
@@ -472,14 +489,9 @@ ffi::Error PackedDotBF16Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi
                 static_cast<int>(std::min<int64_t>(kDotRows, m - r)), cols);
     });
   };
-  if (y->element_type() == ffi::DataType::BF16)
-    run(static_cast<uint16_t*>(y->untyped_data()));
-  else
-    run(static_cast<float*>(y->untyped_data()));
-  return ffi::Error::Success();
+  return WithOutput(y, run);
 #else
-  return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                    "lm_cpu_gemm_packed_bf16_dot: this build has no AVX512_BF16 (LmCpuGemmBF16Dot() is 0)");
+  return NoBF16Dot("lm_cpu_gemm_packed_bf16_dot");
 #endif
 }
 
@@ -1175,14 +1187,9 @@ ffi::Error PackedSwiGLUBF16Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, 
       }
     });
   };
-  if (y->element_type() == ffi::DataType::BF16)
-    run(static_cast<uint16_t*>(y->untyped_data()));
-  else
-    run(static_cast<float*>(y->untyped_data()));
-  return ffi::Error::Success();
+  return WithOutput(y, run);
 #else
-  return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                    "lm_cpu_swiglu_bf16: this build has no AVX512_BF16 (LmCpuGemmBF16Dot() is 0)");
+  return NoBF16Dot("lm_cpu_swiglu_bf16");
 #endif
 }
 
