@@ -22,8 +22,8 @@ x86_linux = platform.machine() == "x86_64" and sys.platform == "linux"
 pytestmark = pytest.mark.skipif(not x86_linux, reason="the kernel is built and tested on x86-64 Linux")
 
 # (K, N): decode-like shapes, N below / not a multiple of a block (64 or 16 columns), N above one
-# work chunk (4096 columns), K above and not a multiple of a k-chunk (128 or 256 rows), K = 1.
-SHAPES = [(64, 1024), (100, 7), (1000, 4149), (3, 130), (1, 33), (300, 9000), (37, 64), (600, 40)]
+# work chunk (4096 columns), K above and not a multiple of a k-chunk (3072 or 512 rows), K = 1.
+SHAPES = [(64, 1024), (100, 7), (1000, 4149), (3, 130), (1, 33), (300, 9000), (37, 64), (600, 40), (3100, 70)]
 ROWS = [*range(1, 17), 64, 129]  # a decode step's rows, and a prefill's (several tiles, a ragged one)
 
 
