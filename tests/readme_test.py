@@ -95,7 +95,7 @@ _RL_BENCH = (
   "test_quick_run_measures_both_sides_of_a_dpa_grpo_step_in_both_dtypes_and_they_agree"
 )
 COMMANDS.update({
-  "python -m benchmarks.sampler_bench --shapes=a,b --engines=ours,vllm --baseline=3ec9797 --trials=5": _BENCH,
+  "python -m benchmarks.sampler_bench --shapes=a,b --engines=ours,vllm --baseline=06be85b --trials=5": _BENCH,
   "python -m benchmarks.sampler_bench --quick": _BENCH,
   "python -m benchmarks.rl_bench --trials=5": _RL_BENCH,
 })  # fmt: skip
