@@ -73,7 +73,7 @@ constexpr int64_t kMaxPanelFloats = 0;     // (x is read in place: no panel)
 // k-chunk when the rows need more than one tile: a block's chunk up to 768 KiB, 3/4 of the 2-core
 // EPYC's 1 MiB L2 a core, read from L2 by every row group. 128 reloaded the sums K / 128 times: the
 // float32 prefill program at sampler_bench's (a) took 63 ms against 54 with whole-K tiles, (b)
-// 0.95x (5 alternating processes each, 2026-12-06), as the bf16 kernel found (all of K: 1.13x KC 256).
+// 0.95x (5 alternating processes each, 2026-12-06), as the bf16 kernel found (all of K: 1.12-1.23x KC 256).
 constexpr int64_t kChunkRows = 3072;
 constexpr bool kChunkOuter = false;        // per block, every row group over every k-chunk
 #endif
