@@ -1415,21 +1415,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16, PackedGemmImpl<ffi::BF16>,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16Dot, PackedDotBF16Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("threads"));
+// The VDPBF16PS kernels' binding: the pool, bfloat16 rows and packed bfloat16 blocks, an output of
+// float32 or bfloat16, the threads.
+static auto BF16DotBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::BF16>>()
+      .Arg<ffi::Buffer<ffi::BF16>>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("threads");
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuSwiGLUBF16, PackedSwiGLUBF16Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("threads"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuGemmPackedBF16Dot, PackedDotBF16Impl, BF16DotBinding());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LmCpuSwiGLUBF16, PackedSwiGLUBF16Impl, BF16DotBinding());
 
 // The attention kernels' shared leading arguments: the pool, then q (float32), k and v (float32,
 // or a decode step's bfloat16 cache: E) and the mask.

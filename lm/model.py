@@ -995,8 +995,7 @@ def _attention_block(
   # A bf16 prefill's product writes bf16 (the values the kernel rounds it to: half the bytes it
   # reads) and takes the attention's output as bf16 rows; a decode step's stay float32 (the decode
   # kernel's products read and write float32).
-  wide = t == 1 or jnp.dtype(dtype) == jnp.float32
-  inner = jnp.float32 if wide else dtype
+  inner = jnp.float32 if t == 1 or jnp.dtype(dtype) == jnp.float32 else dtype
   qkv = matmul(h, w["qkv_dx"].astype(dtype), preferred_element_type=inner)  # [B, T, (N + 2K)·H]
   bias = None
   if config.qkv_bias:
